@@ -1,0 +1,76 @@
+-- The failed sign-in throttle (ADR-0196 decision 5). A row counts the
+-- failures of one client key in the window that opened with its first
+-- failure; the row lapses when the window ends. middleware/signin runs each
+-- write on the pool in a statement of its own (its own transaction), so a
+-- failure is counted even when the request's own transaction rolls back.
+
+-- name: LoginAttemptGet :one
+-- The one read a sign-in costs: the live failures of a key, if any.
+SELECT failures, expires_at
+FROM login_attempt
+WHERE key = @key::text AND expires_at > now();
+
+-- name: LoginAttemptRecordFailure :one
+-- Counts a failed sign-in: opens a new window when there is none or the last
+-- one lapsed, adds one to the live one otherwise. Concurrent failures of one
+-- key serialise on the row lock ON CONFLICT takes, so none is lost.
+INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
+ON CONFLICT (key) DO UPDATE SET
+    failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
+    first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
+    last_at    = now(),
+    expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
+RETURNING failures, expires_at;
+
+-- name: LoginAttemptReserve :one
+-- Strict mode: counts the attempt as a failure before the password is
+-- checked, but only while the key is under @max_failures, in one atomic
+-- statement; a success then clears it. reserved is false when the limit was
+-- already reached, and the row then says when its window ends. The fallback
+-- SELECT reads the statement's snapshot, the row as it was before the upsert.
+WITH reserved AS (
+    INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+    VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
+    ON CONFLICT (key) DO UPDATE SET
+        failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
+        first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
+        last_at    = now(),
+        expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
+    WHERE a.expires_at <= now() OR a.failures < @max_failures::int
+    RETURNING a.failures, a.expires_at
+)
+SELECT true AS reserved, r.failures, r.expires_at FROM reserved AS r
+UNION ALL
+SELECT false AS reserved, l.failures, l.expires_at
+FROM login_attempt AS l
+WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
+
+-- name: LoginAttemptUnreserve :exec
+-- Strict mode: gives back a reservation whose attempt never checked a
+-- password (a malformed request, a server error).
+UPDATE login_attempt
+SET failures = failures - 1
+WHERE key = @key::text AND failures > 0 AND expires_at > now();
+
+-- name: LoginAttemptClear :exec
+-- A successful sign-in clears the key's failures.
+DELETE FROM login_attempt WHERE key = @key::text;
+
+-- name: LoginAttemptList :many
+-- The live throttles, for the operator view.
+SELECT key, failures, first_at, last_at, expires_at
+FROM login_attempt
+WHERE expires_at > now()
+ORDER BY expires_at DESC, key;
+
+-- name: LoginAttemptDeleteLapsed :execrows
+-- Housekeeping: deletes at most @batch lapsed rows.
+DELETE FROM login_attempt
+WHERE key IN (
+    SELECT key FROM login_attempt
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT @batch::int
+    FOR UPDATE SKIP LOCKED
+);
