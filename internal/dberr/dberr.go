@@ -1,0 +1,71 @@
+// Package dberr classifies database errors in one place, so that every
+// middleware answers the same way: a database that cannot be reached is a
+// 503, a statement stopped by its time bound is a timeout, anything else is
+// an internal error whose text stays in the log.
+package dberr
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// QueryCanceled is SQLSTATE 57014: statement_timeout or a cancel request.
+const QueryCanceled = "57014"
+
+// IsTimeout reports whether err is a statement the database stopped
+// (statement_timeout, or a cancel sent when the context's deadline passed)
+// or a context deadline.
+func IsTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == QueryCanceled
+}
+
+// IsUnavailable reports whether err says the database could not be reached
+// or went away: a failed connect, a broken connection, a server shutting
+// down or starting up, or too many connections.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code[:2] {
+		case "08": // connection exception
+			return true
+		case "57": // operator intervention: admin/crash shutdown, cannot connect now
+			return pg.Code != QueryCanceled
+		case "53": // insufficient resources: too many connections, out of memory
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return true
+	}
+	s := err.Error()
+	for _, frag := range []string{"conn closed", "connection refused", "broken pipe", "connection reset", "unexpected EOF", "closed pool"} {
+		if strings.Contains(s, frag) {
+			return true
+		}
+	}
+	return false
+}

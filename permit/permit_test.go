@@ -1,0 +1,284 @@
+package permit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/permit"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// replicas opens n pools of size conns on one fresh database: stand-ins for
+// n replicas of a service.
+func replicas(t *testing.T, n int, conns int32) ([]*pgxpool.Pool, string) {
+	t.Helper()
+	url := pgtest.URL(t)
+	pools := make([]*pgxpool.Pool, n)
+	for i := range pools {
+		pools[i] = pgtest.Pool(t, url, conns)
+	}
+	return pools, url
+}
+
+func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Table) []*permit.Leaser {
+	t.Helper()
+	out := make([]*permit.Leaser, len(pools))
+	for i, p := range pools {
+		l, err := permit.New(p, permit.Options{Table: table, Replica: fmt.Sprintf("r%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = l
+	}
+	return out
+}
+
+// TestBurstGrantsExactlyCap fires 16 simultaneous claims on one scope from
+// four pools, round after round, and checks that every round grants exactly
+// min(cap, 16): never more (an over-grant) and never fewer while slots are
+// free (a false refusal, which the naive statement without the scope lock
+// gives about a third of the time).
+func TestBurstGrantsExactlyCap(t *testing.T) {
+	t.Parallel()
+	for _, table := range []permit.Table{permit.HeavyPermit, permit.RequestInFlight, permit.UploadWindow} {
+		for _, capacity := range []int{4, 16} {
+			t.Run(fmt.Sprintf("%s/cap%d", table, capacity), func(t *testing.T) {
+				t.Parallel()
+				pools, _ := replicas(t, 4, 4)
+				ls := leasers(t, pools, table)
+				const claimers = 16
+				rounds := 150
+				if testing.Short() {
+					rounds = 30
+				}
+				ctx := context.Background()
+				for round := 0; round < rounds; round++ {
+					var (
+						start   = make(chan struct{})
+						wg      sync.WaitGroup
+						mu      sync.Mutex
+						granted []*permit.Lease
+						refused int
+						errs    []error
+					)
+					for c := 0; c < claimers; c++ {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							<-start
+							lease, err := ls[c%len(ls)].Claim(ctx, permit.Claim{
+								Scopes: []permit.Scope{{Key: "burst", Cap: capacity}},
+								Holder: fmt.Sprintf("c%d", c), Endpoint: "test", Lease: time.Minute,
+							})
+							mu.Lock()
+							defer mu.Unlock()
+							switch {
+							case err == nil:
+								granted = append(granted, lease)
+							case errors.Is(err, permit.ErrRefused):
+								refused++
+							default:
+								errs = append(errs, err)
+							}
+						}()
+					}
+					close(start)
+					wg.Wait()
+					if len(errs) > 0 {
+						t.Fatalf("round %d: %v", round, errs[0])
+					}
+					if want := min(capacity, claimers); len(granted) != want {
+						t.Fatalf("round %d: granted %d, refused %d; want exactly %d granted", round, len(granted), refused, want)
+					}
+					for _, l := range granted {
+						if err := l.Release(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestClaimIsAllOrNothing claims a user scope and an installation scope
+// together: when the installation is full the user's slot is not taken
+// either, and the refusal names the installation scope.
+func TestClaimIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 2, 2)
+	ls := leasers(t, pools, permit.HeavyPermit)
+	ctx := context.Background()
+	inst := permit.Scope{Key: "installation", Cap: 1}
+	held, err := ls[0].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:bob", Cap: 2}, inst}, Holder: "bob", Endpoint: "x", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ls[1].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:alice", Cap: 2}, inst}, Holder: "alice", Endpoint: "x", Lease: time.Minute})
+	var refused *permit.RefusedError
+	if !errors.As(err, &refused) {
+		t.Fatalf("claim with the installation full: %v, want a *RefusedError", err)
+	}
+	if diff := cmp.Diff(&permit.RefusedError{Scope: inst, Live: 1}, refused, cmpopts.IgnoreFields(permit.RefusedError{}, "FirstLapse")); diff != "" {
+		t.Errorf("refusal (-want +got):\n%s", diff)
+	}
+	if refused.FirstLapse <= 50*time.Second || refused.FirstLapse > time.Minute {
+		t.Errorf("FirstLapse = %v, want about a minute", refused.FirstLapse)
+	}
+	var aliceRows int
+	if err := pools[0].QueryRow(ctx, `SELECT count(*) FROM heavy_permit WHERE scope = 'user:x:alice'`).Scan(&aliceRows); err != nil {
+		t.Fatal(err)
+	}
+	if aliceRows != 0 {
+		t.Fatalf("a refused claim left %d rows in the user's scope", aliceRows)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls[1].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:alice", Cap: 2}, inst}, Holder: "alice", Endpoint: "x", Lease: time.Minute}); err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+}
+
+// TestVanishedHolderLapses closes a pool without releasing its slot (a
+// replica that died) and checks that the slot is refused to others until
+// its lease ends on the database clock, and granted right after.
+func TestVanishedHolderLapses(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	dying := pgtest.Pool(t, url, 1)
+	alive := pgtest.Pool(t, url, 1)
+	ctx := context.Background()
+	dl, _ := permit.New(dying, permit.Options{Replica: "dying"})
+	al, _ := permit.New(alive, permit.Options{Replica: "alive"})
+	scope := []permit.Scope{{Key: "user:export:carol", Cap: 1}}
+	const lease = 1500 * time.Millisecond
+	if _, err := dl.Claim(ctx, permit.Claim{Scopes: scope, Holder: "carol", Endpoint: "export", Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	claimedAt := time.Now()
+	dying.Close()
+
+	if _, err := al.Claim(ctx, permit.Claim{Scopes: scope, Holder: "carol", Endpoint: "export", Lease: lease}); !errors.Is(err, permit.ErrRefused) {
+		t.Fatalf("claim while the dead holder's lease runs: %v, want refused", err)
+	}
+	for {
+		_, err := al.Claim(ctx, permit.Claim{Scopes: scope, Holder: "carol", Endpoint: "export", Lease: lease})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, permit.ErrRefused) {
+			t.Fatal(err)
+		}
+		if time.Since(claimedAt) > lease+2*time.Second {
+			t.Fatalf("slot still held %v after a lease of %v", time.Since(claimedAt), lease)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if waited := time.Since(claimedAt); waited < lease-100*time.Millisecond {
+		t.Fatalf("slot granted again after %v, before the lease of %v ended", waited, lease)
+	}
+}
+
+// TestReleaseNeverFreesAnotherHoldersSlot lets a lease lapse, has another
+// holder claim the slot, and checks that the first holder's late release
+// leaves the new holder's row alone.
+func TestReleaseNeverFreesAnotherHoldersSlot(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 1, 2)
+	l := leasers(t, pools, permit.RequestInFlight)[0]
+	ctx := context.Background()
+	scope := []permit.Scope{{Key: "token:1", Cap: 1}}
+	first, err := l.Claim(ctx, permit.Claim{Scopes: scope, Holder: "a", Endpoint: "GET /", Lease: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	second, err := l.Claim(ctx, permit.Claim{Scopes: scope, Holder: "b", Endpoint: "GET /", Lease: time.Minute})
+	if err != nil {
+		t.Fatalf("claim of a lapsed slot: %v", err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Claim(ctx, permit.Claim{Scopes: scope, Holder: "c", Endpoint: "GET /", Lease: time.Minute}); !errors.Is(err, permit.ErrRefused) {
+		t.Fatalf("after a stale release the slot was free again: %v", err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+}
+
+// TestLoweredCapIsHonoured holds three slots under cap 4, then claims with
+// cap 2: refused, although slot 1 or 2 may be free.
+func TestLoweredCapIsHonoured(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 1, 2)
+	l := leasers(t, pools, permit.HeavyPermit)[0]
+	ctx := context.Background()
+	var leases []*permit.Lease
+	for i := 0; i < 3; i++ {
+		lease, err := l.Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "s", Cap: 4}}, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	if err := leases[0].Release(ctx); err != nil { // slot 1 is free again
+		t.Fatal(err)
+	}
+	if _, err := l.Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "s", Cap: 2}}, Lease: time.Minute}); !errors.Is(err, permit.ErrRefused) {
+		t.Fatalf("claim under a lowered cap with 2 live slots: %v, want refused", err)
+	}
+}
+
+// TestInvalidClaims never reach the database.
+func TestInvalidClaims(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 1, 1)
+	l := leasers(t, pools, permit.HeavyPermit)[0]
+	for name, c := range map[string]permit.Claim{
+		"no scopes":      {Lease: time.Second},
+		"empty key":      {Scopes: []permit.Scope{{Key: "", Cap: 1}}, Lease: time.Second},
+		"zero cap":       {Scopes: []permit.Scope{{Key: "a", Cap: 0}}, Lease: time.Second},
+		"negative cap":   {Scopes: []permit.Scope{{Key: "a", Cap: -3}}, Lease: time.Second},
+		"huge cap":       {Scopes: []permit.Scope{{Key: "a", Cap: 1 << 30}}, Lease: time.Second},
+		"zero lease":     {Scopes: []permit.Scope{{Key: "a", Cap: 1}}},
+		"negative lease": {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: -time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := l.Claim(context.Background(), c); !errors.Is(err, permit.ErrInvalidClaim) {
+				t.Fatalf("Claim(%+v) = %v, want ErrInvalidClaim", c, err)
+			}
+		})
+	}
+}
+
+// TestScopeKeyIsInjective: parts containing the separator never collide.
+func TestScopeKeyIsInjective(t *testing.T) {
+	t.Parallel()
+	pairs := [][2][]string{
+		{{"a:b", "c"}, {"a", "b:c"}},
+		{{`a\`, "b"}, {`a\:b`}},
+		{{"user", "x", ""}, {"user", "x:"}},
+	}
+	for _, p := range pairs {
+		if a, b := permit.ScopeKey(p[0]...), permit.ScopeKey(p[1]...); a == b {
+			t.Errorf("ScopeKey(%q) == ScopeKey(%q) == %q", p[0], p[1], a)
+		}
+	}
+}
+

@@ -1,0 +1,164 @@
+// Package problem writes RFC 9457 problem details (application/problem+json)
+// for every refusal pglimit makes, with Retry-After when a retry can
+// succeed.
+//
+// A Details names its problem type by a short, stable slug
+// ("too-many-heavy-requests"); the type URI is TypeBase followed by the
+// slug, so clients can match on the part after the last ':' or '/'.
+// Extension members are written at the top level of the JSON object, as the
+// RFC asks. Internal error text is never part of a body: a server error is
+// written with Internal, which logs the error and sends a generic detail.
+package problem
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// TypeBase prefixes every problem type slug to make the type URI.
+const TypeBase = "urn:pglimit:problem:"
+
+// MediaType is the content type of a problem details body.
+const MediaType = "application/problem+json"
+
+// Details is one problem details object.
+type Details struct {
+	// Slug is the stable problem type name, e.g. "too-many-heavy-requests".
+	// The JSON "type" member is TypeBase + Slug.
+	Slug string
+	// Title is a short, human-readable summary of the problem type.
+	Title string
+	// Status is the HTTP status code.
+	Status int
+	// Detail explains this occurrence, for a human.
+	Detail string
+	// Instance identifies this occurrence (optional), e.g. the request path.
+	Instance string
+	// RetryAfter, when positive, is sent as the Retry-After header in whole
+	// seconds, rounded up.
+	RetryAfter time.Duration
+	// Extensions are extra top-level members (endpoint, limit, scope, ...).
+	// They must not use the names type, title, status, detail or instance.
+	Extensions map[string]any
+	// Header holds extra response headers (RateLimit-Policy, RateLimit).
+	Header http.Header
+}
+
+// Type is the problem type URI.
+func (d *Details) Type() string { return TypeBase + d.Slug }
+
+// MarshalJSON writes the standard members first, then the extensions.
+func (d *Details) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	write := func(k string, v any) error {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		kb, _ := json.Marshal(k)
+		b.Write(kb)
+		b.WriteByte(':')
+		vb, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		b.Write(vb)
+		return nil
+	}
+	_ = write("type", d.Type())
+	_ = write("title", d.Title)
+	_ = write("status", d.Status)
+	if d.Detail != "" {
+		_ = write("detail", d.Detail)
+	}
+	if d.Instance != "" {
+		_ = write("instance", d.Instance)
+	}
+	keys := make([]string, 0, len(d.Extensions))
+	for k := range d.Extensions {
+		switch k {
+		case "type", "title", "status", "detail", "instance":
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if err := write(k, d.Extensions[k]); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// RetryAfterSeconds rounds d up to whole seconds, at least 1.
+func RetryAfterSeconds(d time.Duration) int {
+	s := int(math.Ceil(d.Seconds()))
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// Write sends d as the response.
+func Write(w http.ResponseWriter, d *Details) {
+	body, err := json.Marshal(d)
+	if err != nil {
+		// An extension that cannot be encoded is a programming error; the
+		// client still gets the problem, without extensions.
+		plain := *d
+		plain.Extensions = nil
+		body, _ = json.Marshal(&plain)
+	}
+	h := w.Header()
+	for k, vs := range d.Header {
+		h[k] = vs
+	}
+	h.Set("Content-Type", MediaType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if d.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(d.RetryAfter)))
+	}
+	h.Del("Content-Length")
+	w.WriteHeader(d.Status)
+	_, _ = w.Write(body)
+	_, _ = w.Write([]byte("\n"))
+}
+
+// Internal logs err with the request and sends a 500 whose body says only
+// that the server failed: the error's text never reaches the client.
+func Internal(w http.ResponseWriter, r *http.Request, err error) {
+	slog.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	Write(w, &Details{
+		Slug:   "internal-error",
+		Title:  "Internal server error",
+		Status: http.StatusInternalServerError,
+		Detail: "The server could not complete the request. It has been logged.",
+	})
+}
+
+// Unavailable sends a 503 with the given slug, title and detail and a short
+// Retry-After: the database could not be reached, which passes.
+func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, err error) {
+	slog.WarnContext(r.Context(), "database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+	Write(w, &Details{
+		Slug:       slug,
+		Title:      "Service unavailable",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     detail,
+		RetryAfter: 5 * time.Second,
+	})
+}
+
+// BadRequest sends a 400 with the given slug, title and detail.
+func BadRequest(w http.ResponseWriter, slug, title, detail string) {
+	Write(w, &Details{Slug: slug, Title: title, Status: http.StatusBadRequest, Detail: detail})
+}
