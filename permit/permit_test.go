@@ -281,4 +281,3 @@ func TestScopeKeyIsInjective(t *testing.T) {
 		}
 	}
 }
-

@@ -40,6 +40,16 @@ import (
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
+// TB is the part of testing.TB pgtest uses; *testing.T, *testing.B and
+// *testing.F have it, and so does the stand-in ForExample uses.
+type TB interface {
+	Cleanup(func())
+	Failed() bool
+	Fatalf(format string, args ...any)
+	Helper()
+	Logf(format string, args ...any)
+}
+
 // Migration is one goose migration folder to apply to a test database.
 type Migration struct {
 	// FS holds the NNNNN_name.sql files.
@@ -74,7 +84,7 @@ func Main(m *testing.M) {
 
 // ServerURL returns the URL of a database on the server tests use (not a
 // per-test database). It fails t when no server can be had.
-func ServerURL(t testing.TB) string {
+func ServerURL(t TB) string {
 	t.Helper()
 	serverOnce.Do(func() { serverURL, serverErr = findServer() })
 	if serverErr != nil {
@@ -169,7 +179,7 @@ func (m migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) er
 // URL returns the URL of a fresh database for this test, migrated with
 // pglimit's schema and then migrations, in order. The database is dropped
 // when the test passes and kept for inspection when it fails.
-func URL(t testing.TB, migrations ...Migration) string {
+func URL(t TB, migrations ...Migration) string {
 	t.Helper()
 	server := ServerURL(t)
 	conf, err := configOf(server)
@@ -201,7 +211,7 @@ func configOf(server string) (pgtestdb.Config, error) {
 
 // Pool opens a pool of at most maxConns connections on url, closed when the
 // test ends. Several pools on one URL stand in for several replicas.
-func Pool(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
+func Pool(t TB, url string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -220,7 +230,7 @@ func Pool(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 
 // NewDB is URL followed by Pool: a fresh migrated database and a pool of
 // maxConns on it.
-func NewDB(t testing.TB, maxConns int32, migrations ...Migration) (*pgxpool.Pool, string) {
+func NewDB(t TB, maxConns int32, migrations ...Migration) (*pgxpool.Pool, string) {
 	t.Helper()
 	u := URL(t, migrations...)
 	return Pool(t, u, maxConns), u
@@ -229,7 +239,7 @@ func NewDB(t testing.TB, maxConns int32, migrations ...Migration) (*pgxpool.Pool
 // Cluster starts a throwaway cluster of this test's own (whatever the
 // server of the other tests is), for tests that stop, crash or replicate a
 // server. It is stopped and removed when the test ends.
-func Cluster(t testing.TB) *embedpg.Cluster {
+func Cluster(t TB) *embedpg.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -245,7 +255,7 @@ func Cluster(t testing.TB) *embedpg.Cluster {
 // (pg_basebackup -R), creates database "app" on the primary, migrates it
 // with pglimit's schema and migrations, and waits until the replica has
 // it. Both are stopped and removed when the test ends.
-func WithReplica(t testing.TB, migrations ...Migration) (primary, replica *embedpg.Cluster) {
+func WithReplica(t TB, migrations ...Migration) (primary, replica *embedpg.Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -278,7 +288,7 @@ func (m migrator) migratePool(ctx context.Context, pool *pgxpool.Pool) error {
 
 // EmptyURL returns the URL of a new, empty database (no schema) for this
 // test, dropped when the test ends.
-func EmptyURL(t testing.TB) string {
+func EmptyURL(t TB) string {
 	t.Helper()
 	server := ServerURL(t)
 	admin := Pool(t, server, 1)
@@ -301,4 +311,28 @@ func WithDatabase(u, name string) string {
 	}
 	parsed.Path = "/" + name
 	return parsed.String()
+}
+
+// ForExample returns a fresh migrated database for a runnable example
+// (which has no testing.T) and the function that drops it. It panics when
+// no server can be had.
+func ForExample(migrations ...Migration) (url string, cleanup func()) {
+	tb := &exampleTB{}
+	url = URL(tb, migrations...)
+	return url, tb.cleanup
+}
+
+type exampleTB struct {
+	cleanups []func()
+}
+
+func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Failed() bool                      { return false }
+func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (e *exampleTB) Helper()                           {}
+func (e *exampleTB) Logf(string, ...any)               {}
+func (e *exampleTB) cleanup() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
 }
