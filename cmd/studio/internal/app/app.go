@@ -1,0 +1,234 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
+	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/problem"
+	"github.com/pglimit/pglimit/sql/schema"
+)
+
+// App is one replica of the reference service.
+type App struct {
+	cfg     *Config
+	log     *slog.Logger
+	primary *pgxpool.Pool
+	replica *pgxpool.Pool // nil without a read replica
+
+	q     *studiodb.Queries
+	limit *db.Queries
+
+	heavy     *heavy.Limiter
+	endpoints endpoints
+
+	meters   metric.MeterProvider
+	registry *prometheus.Registry
+
+	consoleRole bool
+	background  []func(context.Context)
+	closers     []func()
+	handler     http.Handler
+	started     time.Time
+}
+
+// endpoints are the heavy endpoints, declared where they are served.
+type endpoints struct {
+	sqlConsole, export, audit, events, alerts, flow heavy.Endpoint
+}
+
+// New connects to the databases, migrates them (pglimit's schema, then the
+// service's), seeds the demo data when asked, and builds the handler. The
+// caller runs Run for the background work and Close at the end.
+func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: cfg, log: log, q: studiodb.New(), limit: db.New(), started: time.Now()}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+
+	var err error
+	a.primary, err = openPool(ctx, cfg.DatabaseURL, cfg.PoolMaxConns, cfg.ReplicaName)
+	if err != nil {
+		return nil, fmt.Errorf("primary: %w", err)
+	}
+	a.closers = append(a.closers, a.primary.Close)
+	if cfg.ReadReplicaURL != "" {
+		// A replica that is down at start-up is not fatal: reads go to the
+		// primary until it answers.
+		a.replica, err = openPool(ctx, cfg.ReadReplicaURL, cfg.PoolMaxConns, cfg.ReplicaName)
+		if err != nil {
+			return nil, fmt.Errorf("read replica: %w", err)
+		}
+		a.closers = append(a.closers, a.replica.Close)
+	}
+
+	if err := schema.Migrate(ctx, a.primary); err != nil {
+		return nil, err
+	}
+	if err := schema.MigrateFS(ctx, a.primary, studioschema.FS(), studioschema.VersionTable, studioschema.LockID); err != nil {
+		return nil, err
+	}
+	if cfg.DemoFor(embedded) {
+		if err := Seed(ctx, a.primary, DemoData()); err != nil {
+			return nil, fmt.Errorf("demo seed: %w", err)
+		}
+	}
+	a.consoleRole, err = a.q.ConsoleRoleUsable(ctx, a.primary)
+	if err != nil {
+		return nil, err
+	}
+	if !a.consoleRole {
+		log.Warn("the SQL console runs as the service's own role (read-only transaction): the studio_console role could not be created or used")
+	}
+
+	if err := a.setupMetrics(); err != nil {
+		return nil, err
+	}
+	if err := a.setupLimits(); err != nil {
+		return nil, err
+	}
+	a.handler = a.routes()
+	ok = true
+	return a, nil
+}
+
+func openPool(ctx context.Context, url string, maxConns int, appName string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "studio " + appName
+	// A connection broken by a database restart is found before use, so a
+	// replica recovers on its own once the database is back.
+	cfg.HealthCheckPeriod = 5 * time.Second
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func (a *App) setupMetrics() error {
+	a.registry = prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(a.registry))
+	if err != nil {
+		return err
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	a.meters = provider
+	a.closers = append(a.closers, func() { _ = provider.Shutdown(context.Background()) })
+	return nil
+}
+
+func (a *App) setupLimits() error {
+	cfg := a.cfg
+	a.endpoints = endpoints{
+		sqlConsole: heavy.Endpoint{Name: "sql-console", PerUser: cfg.SQLConsoleCap, Time: cfg.SQLConsoleTime, Rows: cfg.SQLConsoleRows},
+		export:     heavy.Endpoint{Name: "audit-export", PerUser: cfg.ExportCap, Time: cfg.ExportTime, Rows: cfg.ExportRows},
+		audit:      heavy.Endpoint{Name: "audit-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
+		events:     heavy.Endpoint{Name: "event-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
+		alerts:     heavy.Endpoint{Name: "alert-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
+		flow:       heavy.Endpoint{Name: "flow-graph", PerUser: cfg.FlowCap, Time: cfg.FlowTime},
+	}
+	var err error
+	a.heavy, err = heavy.New(a.primary, heavy.Options{
+		User:            userOf,
+		InstallationCap: heavy.DefaultInstallationCap(int32(cfg.PoolMaxConns)),
+		Replica:         cfg.ReplicaName,
+		Logger:          a.log,
+	})
+	return err
+}
+
+// Handler is the service's HTTP handler.
+func (a *App) Handler() http.Handler { return a.handler }
+
+// Run does the background work (registry heartbeat, housekeeping, read
+// replica checks, node rate refresh) until ctx ends.
+func (a *App) Run(ctx context.Context) {
+	done := make(chan struct{}, len(a.background))
+	for _, f := range a.background {
+		go func() {
+			f(ctx)
+			done <- struct{}{}
+		}()
+	}
+	for range a.background {
+		<-done
+	}
+}
+
+// Close releases the pools and the metric provider.
+func (a *App) Close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+	a.closers = nil
+}
+
+// metricsHandler serves the OpenTelemetry metrics in Prometheus text.
+func (a *App) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})
+}
+
+// ServeHTTP answers requests no route takes (404, 405) with problem
+// details, like every other refusal.
+type problemMux struct{ mux *http.ServeMux }
+
+func (p problemMux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := p.mux.Handler(r)
+	if pattern != "" {
+		p.mux.ServeHTTP(w, r)
+		return
+	}
+	// The mux's own 404 or 405: learn which, keep its Allow header, and
+	// answer with a problem instead of plain text.
+	c := &captureHeader{header: http.Header{}}
+	h.ServeHTTP(c, r)
+	status := c.status
+	if status == 0 {
+		status = http.StatusNotFound
+	}
+	if allow := c.header.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	switch status {
+	case http.StatusMethodNotAllowed:
+		problem.Write(w, &problem.Details{Slug: "method-not-allowed", Title: "Method not allowed", Status: status,
+			Detail: fmt.Sprintf("%s is not allowed on %s.", r.Method, r.URL.Path)})
+	default:
+		problem.Write(w, &problem.Details{Slug: "not-found", Title: "Not found", Status: http.StatusNotFound,
+			Detail: "No route serves this path."})
+	}
+}
+
+type captureHeader struct {
+	header http.Header
+	status int
+}
+
+func (c *captureHeader) Header() http.Header         { return c.header }
+func (c *captureHeader) Write(b []byte) (int, error) { return len(b), nil }
+func (c *captureHeader) WriteHeader(s int)           { c.status = s }
+
+var errNoIdentity = errors.New("no identity")

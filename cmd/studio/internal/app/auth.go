@@ -1,0 +1,90 @@
+package app
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/problem"
+)
+
+// Identity is the user and token a request authenticated with.
+type Identity struct {
+	UserID    int64
+	Username  string
+	TokenID   int64
+	TokenName string
+}
+
+type identityKey struct{}
+
+// IdentityFrom returns the request's identity, set by requireToken.
+func IdentityFrom(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(Identity)
+	return id, ok
+}
+
+// userOf is the heavy limiter's identity: the user behind the token.
+func userOf(r *http.Request) (string, bool) {
+	id, ok := IdentityFrom(r.Context())
+	return id.Username, ok
+}
+
+// tokenOf is the in-flight cap's identity: the token's id, never the token.
+func tokenOf(r *http.Request) (string, bool) {
+	id, ok := IdentityFrom(r.Context())
+	if !ok {
+		return "", false
+	}
+	return strconv.FormatInt(id.TokenID, 10), true
+}
+
+// TokenDigest is how a bearer token is stored and looked up: SHA-256.
+func TokenDigest(token string) []byte {
+	d := sha256.Sum256([]byte(token))
+	return d[:]
+}
+
+func unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="studio"`)
+	problem.Write(w, &problem.Details{Slug: "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: detail})
+}
+
+// requireToken authenticates "Authorization: Bearer <token>": a missing,
+// malformed or unknown token is 401 unauthorized.
+func (a *App) requireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		scheme, token, ok := strings.Cut(h, " ")
+		token = strings.TrimSpace(token)
+		if h == "" {
+			unauthorized(w, "This endpoint needs an API token: Authorization: Bearer <token>.")
+			return
+		}
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || len(token) > 256 || strings.ContainsAny(token, " \t") {
+			unauthorized(w, "The Authorization header is malformed; send Authorization: Bearer <token>.")
+			return
+		}
+		row, err := a.q.ApiTokenLookup(r.Context(), a.primary, TokenDigest(token))
+		if err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				unauthorized(w, "The API token is unknown or expired.")
+				return
+			}
+			if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
+				problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
+				return
+			}
+			problem.Internal(w, r, err)
+			return
+		}
+		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
+	})
+}

@@ -1,0 +1,206 @@
+// Package app is the reference service of pglimit: a small broker console
+// whose routes ADR-0196 names, wrapped in every pglimit middleware. The
+// command cmd/studio parses flags into a Config and runs an App; tests build
+// an App directly or run the command as several replicas.
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pglimit/pglimit/permit"
+)
+
+// Config is everything the service is configured with. Flag names are the
+// contract of REFERENCE-SERVICE.md.
+type Config struct {
+	Addr           string
+	DatabaseURL    string // "" starts an embedded PostgreSQL
+	ReadReplicaURL string
+	ReplicaName    string
+	Demo           bool
+	demoSet        bool
+	PoolMaxConns   int
+
+	SQLConsoleCap  int
+	SQLConsoleTime time.Duration
+	SQLConsoleRows int
+	ExportCap      int
+	ExportTime     time.Duration
+	ExportRows     int
+	HistoryCap     int
+	HistoryTime    time.Duration
+	FlowCap        int
+	FlowTime       time.Duration
+
+	SignInFailures int
+	SignInWindow   time.Duration
+	SignInStrict   bool
+	UploadsPerHour int
+	UploadWindow   time.Duration
+	MaxUploadBytes int64
+	TokenInFlight  int
+	MaxRequestTime time.Duration
+
+	Nodes    Nodes
+	NodeRate int
+
+	CursorKey            string
+	HeartbeatInterval    time.Duration
+	HousekeepingInterval time.Duration
+	ReplicaCheckInterval time.Duration
+	LogFormat            string
+	LogLevel             string
+}
+
+// Nodes are the broker nodes, -node NAME=URL, repeatable.
+type Nodes map[string]string
+
+func (n Nodes) String() string {
+	names := make([]string, 0, len(n))
+	for k := range n {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = k + "=" + n[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses one NAME=URL.
+func (n Nodes) Set(v string) error {
+	name, raw, ok := strings.Cut(v, "=")
+	if !ok || name == "" || raw == "" {
+		return fmt.Errorf("want NAME=URL, got %q", v)
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("node %s: want an http(s) URL, got %q", name, raw)
+	}
+	if _, dup := n[name]; dup {
+		return fmt.Errorf("node %s given twice", name)
+	}
+	n[name] = strings.TrimRight(raw, "/")
+	return nil
+}
+
+// ParseFlags reads the command line (and DATABASE_URL, READ_REPLICA_URL,
+// CURSOR_KEY from the environment) into a Config.
+func ParseFlags(args []string) (*Config, error) {
+	c := &Config{Nodes: Nodes{}}
+	fs := flag.NewFlagSet("studio", flag.ContinueOnError)
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
+	fs.StringVar(&c.ReadReplicaURL, "read-replica-url", os.Getenv("READ_REPLICA_URL"), "read replica for history reads (default $READ_REPLICA_URL, else none)")
+	fs.StringVar(&c.ReplicaName, "replica-name", permit.DefaultReplicaName(), "name in the replica registry")
+	fs.BoolVar(&c.Demo, "demo", false, "seed demo users, tokens and history (default on when embedded)")
+	fs.IntVar(&c.PoolMaxConns, "pool-max-conns", 16, "pgxpool size; installation-wide heavy cap = max(1, this / 4)")
+
+	fs.IntVar(&c.SQLConsoleCap, "sql-console-cap", 2, "SQL console queries per user at once, across replicas")
+	fs.DurationVar(&c.SQLConsoleTime, "sql-console-time", 30*time.Second, "SQL console time bound")
+	fs.IntVar(&c.SQLConsoleRows, "sql-console-rows", 1000, "SQL console row cap")
+	fs.IntVar(&c.ExportCap, "export-cap", 1, "audit exports per user at once")
+	fs.DurationVar(&c.ExportTime, "export-time", 60*time.Second, "audit export time bound")
+	fs.IntVar(&c.ExportRows, "export-rows", 100000, "audit export row cap")
+	fs.IntVar(&c.HistoryCap, "history-cap", 4, "history reads per user at once, per history endpoint")
+	fs.DurationVar(&c.HistoryTime, "history-time", 10*time.Second, "time bound of history reads")
+	fs.IntVar(&c.FlowCap, "flow-cap", 2, "flow graph reads per user at once")
+	fs.DurationVar(&c.FlowTime, "flow-time", 10*time.Second, "flow graph time bound")
+
+	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username per window")
+	fs.DurationVar(&c.SignInWindow, "sign-in-window", 15*time.Minute, "sign-in throttle window")
+	fs.BoolVar(&c.SignInStrict, "sign-in-strict", false, "reserve each attempt before the password is checked, so no more than -sign-in-failures are ever evaluated")
+	fs.IntVar(&c.UploadsPerHour, "uploads-per-hour", 5, "plugin uploads per user per rolling window")
+	fs.DurationVar(&c.UploadWindow, "upload-window", time.Hour, "the rolling window of -uploads-per-hour")
+	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", 8<<20, "largest plugin accepted")
+	fs.IntVar(&c.TokenInFlight, "token-in-flight", 8, "concurrent requests per API token, across replicas")
+	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
+
+	fs.Var(c.Nodes, "node", "broker node NAME=URL (Jolokia base URL), repeatable")
+	fs.IntVar(&c.NodeRate, "node-rate", 20, "calls per second per node for the whole installation")
+
+	fs.StringVar(&c.CursorKey, "cursor-key", os.Getenv("CURSOR_KEY"), "key that signs paging cursors; replicas must share it (default $CURSOR_KEY, else random per process)")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat", 5*time.Second, "replica registry heartbeat interval")
+	fs.DurationVar(&c.HousekeepingInterval, "housekeeping", time.Minute, "interval of the removal of lapsed limit rows")
+	fs.DurationVar(&c.ReplicaCheckInterval, "read-replica-check", time.Second, "health check interval of the read replica")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "demo" {
+			c.demoSet = true
+		}
+	})
+	if key := os.Getenv("CURSOR_KEY"); c.CursorKey == "" && key != "" {
+		c.CursorKey = key
+	}
+	return c, c.Validate()
+}
+
+// DemoFor reports whether demo data is seeded: as asked with -demo, or on
+// by default for an embedded database.
+func (c *Config) DemoFor(embedded bool) bool {
+	if c.demoSet {
+		return c.Demo
+	}
+	return embedded
+}
+
+// Validate checks the bounds once, at start-up.
+func (c *Config) Validate() error {
+	var errs []error
+	positive := func(name string, v int) {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("-%s must be at least 1", name))
+		}
+	}
+	positiveDur := func(name string, v time.Duration) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("-%s must be positive", name))
+		}
+	}
+	positive("pool-max-conns", c.PoolMaxConns)
+	positive("sql-console-cap", c.SQLConsoleCap)
+	positive("sql-console-rows", c.SQLConsoleRows)
+	positive("export-cap", c.ExportCap)
+	positive("export-rows", c.ExportRows)
+	positive("history-cap", c.HistoryCap)
+	positive("flow-cap", c.FlowCap)
+	positive("sign-in-failures", c.SignInFailures)
+	positive("uploads-per-hour", c.UploadsPerHour)
+	positive("token-in-flight", c.TokenInFlight)
+	positive("node-rate", c.NodeRate)
+	positiveDur("sql-console-time", c.SQLConsoleTime)
+	positiveDur("export-time", c.ExportTime)
+	positiveDur("history-time", c.HistoryTime)
+	positiveDur("flow-time", c.FlowTime)
+	positiveDur("sign-in-window", c.SignInWindow)
+	positiveDur("upload-window", c.UploadWindow)
+	positiveDur("max-request-time", c.MaxRequestTime)
+	positiveDur("heartbeat", c.HeartbeatInterval)
+	positiveDur("housekeeping", c.HousekeepingInterval)
+	positiveDur("read-replica-check", c.ReplicaCheckInterval)
+	if c.MaxUploadBytes < 1 {
+		errs = append(errs, errors.New("-max-upload-bytes must be at least 1"))
+	}
+	if c.ReplicaName == "" {
+		errs = append(errs, errors.New("-replica-name must not be empty"))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, errors.New("-log-format must be text or json"))
+	}
+	return errors.Join(errs...)
+}

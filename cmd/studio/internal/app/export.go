@@ -1,0 +1,151 @@
+package app
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
+	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/problem"
+)
+
+var (
+	beginningOfTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	endOfTime       = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+)
+
+// timeRange reads ?from= and ?to= (RFC 3339; both optional). A bad value
+// is answered 400 invalid-time-range and ok is false.
+func timeRange(w http.ResponseWriter, r *http.Request) (from, to time.Time, ok bool) {
+	from, to = beginningOfTime, endOfTime
+	q := r.URL.Query()
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &from}, {"to", &to}} {
+		vals := q[p.name]
+		if len(vals) == 0 {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, vals[0])
+		if len(vals) > 1 || err != nil || t.Year() < 1 || t.Year() > 9999 {
+			problem.BadRequest(w, "invalid-time-range", "Invalid time range",
+				"from and to are optional RFC 3339 times, e.g. 2026-12-01T00:00:00Z, each given once.")
+			return from, to, false
+		}
+		*p.dst = t
+	}
+	if !from.Before(to) {
+		problem.BadRequest(w, "invalid-time-range", "Invalid time range", "from must be before to.")
+		return from, to, false
+	}
+	return from, to, true
+}
+
+// handleExport streams the audit history as CSV (GET /api/audit/export),
+// oldest first, until the rows end, the row cap or the time bound, and
+// ends it with the mark line; the export records itself as an audit event
+// with its rows and, when partial, the bound that stopped it.
+func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
+	from, to, ok := timeRange(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	b, _ := heavy.FromContext(ctx)
+	rc := http.NewResponseController(w)
+	cw := csv.NewWriter(w)
+	started := false
+	start := func() {
+		if started {
+			return
+		}
+		started = true
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		w.Header().Set("Content-Disposition", `attachment; filename="audit.csv"`)
+		w.Header().Set("Cache-Control", "no-store")
+		if mayLag(ctx) {
+			w.Header().Set("X-May-Lag", "true")
+		}
+		w.WriteHeader(http.StatusOK)
+		_ = cw.Write([]string{"id", "occurred_at", "actor", "action", "target"})
+	}
+	var mark heavy.Mark
+	reader, _ := a.readDB(ctx)
+	err := heavy.Read(ctx, reader, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, studiodb.AuditEventExport, from, to, int32(b.Rows+1))
+		if err != nil {
+			return err
+		}
+		mark, err = heavy.Stream(ctx, rows, func(rows pgx.Rows) error {
+			var (
+				id                     int64
+				at                     time.Time
+				actor, action, target string
+			)
+			if err := rows.Scan(&id, &at, &actor, &action, &target); err != nil {
+				return err
+			}
+			start()
+			if err := cw.Write([]string{strconv.FormatInt(id, 10), at.UTC().Format(time.RFC3339Nano), actor, action, target}); err != nil {
+				return err
+			}
+			if mark.Rows%1000 == 999 {
+				cw.Flush()
+				_ = rc.Flush()
+			}
+			return cw.Error()
+		})
+		return err
+	})
+	if err != nil && !started {
+		heavy.WriteError(w, r, err)
+		return
+	}
+	if err == nil && mark.Bound == heavy.BoundTime && mark.Rows == 0 {
+		heavy.WriteError(w, r, &heavy.TimeoutError{Endpoint: b.Endpoint, Limit: b.Time})
+		return
+	}
+	if err != nil {
+		// Rows went out already: the missing mark tells the client the
+		// file is incomplete.
+		a.log.WarnContext(ctx, "audit export failed mid-stream", "rows", mark.Rows, "err", err)
+		cw.Flush()
+		return
+	}
+	start()
+	cw.Flush()
+	_, _ = w.Write([]byte(mark.String() + "\n"))
+	a.recordExport(ctx, from, to, mark)
+}
+
+// recordExport writes the audit.export event on the primary, after the
+// bound: its context outlives the request's.
+func (a *App) recordExport(ctx context.Context, from, to time.Time, m heavy.Mark) {
+	id, _ := IdentityFrom(ctx)
+	detail := map[string]any{"rows": m.Rows, "partial": m.Partial()}
+	if m.Partial() {
+		detail["bound"] = m.Bound
+		detail["limit"] = m.Limit
+	}
+	if !from.Equal(beginningOfTime) {
+		detail["from"] = from
+	}
+	if !to.Equal(endOfTime) {
+		detail["to"] = to
+	}
+	body, _ := json.Marshal(detail)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.q.AuditEventRecord(ctx, a.primary, &studiodb.AuditEventRecordParams{
+		Actor: id.Username, Action: "audit.export", Target: "audit_event", Detail: body,
+	}); err != nil {
+		a.log.WarnContext(ctx, "audit.export event not recorded", "err", err)
+	}
+}

@@ -1,0 +1,55 @@
+package app
+
+import (
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
+	"github.com/pglimit/pglimit/middleware/heavy"
+)
+
+type flowEdge struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	Messages int64  `json:"messages"`
+}
+
+type flowResponse struct {
+	Nodes  []string   `json:"nodes"`
+	Edges  []flowEdge `json:"edges"`
+	MayLag bool       `json:"mayLag"`
+}
+
+// handleFlow answers the flow graph (GET /api/flow): messages between
+// addresses, summed over ?from= and ?to=.
+func (a *App) handleFlow(w http.ResponseWriter, r *http.Request) {
+	from, to, ok := timeRange(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	reader, lag := a.readDB(ctx)
+	var rows []*studiodb.MessageFlowGraphRow
+	err := heavy.Read(ctx, reader, func(tx pgx.Tx) error {
+		var err error
+		rows, err = a.q.MessageFlowGraph(ctx, tx, &studiodb.MessageFlowGraphParams{Since: from, Until: to})
+		return err
+	})
+	if err != nil {
+		heavy.WriteError(w, r, err)
+		return
+	}
+	resp := flowResponse{Nodes: []string{}, Edges: make([]flowEdge, 0, len(rows)), MayLag: lag}
+	seen := map[string]bool{}
+	for _, row := range rows {
+		resp.Edges = append(resp.Edges, flowEdge{Source: row.SourceAddress, Target: row.TargetAddress, Messages: row.Messages})
+		for _, n := range []string{row.SourceAddress, row.TargetAddress} {
+			if !seen[n] {
+				seen[n] = true
+				resp.Nodes = append(resp.Nodes, n)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}

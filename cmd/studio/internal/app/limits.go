@@ -1,0 +1,110 @@
+package app
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/problem"
+)
+
+type limitRow struct {
+	Scope     string    `json:"scope"`
+	Slot      int32     `json:"slot"`
+	Holder    string    `json:"holder"`
+	Endpoint  string    `json:"endpoint"`
+	Replica   string    `json:"replica"`
+	ClaimedAt time.Time `json:"claimedAt"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+type throttleRow struct {
+	Key       string    `json:"key"`
+	Failures  int32     `json:"failures"`
+	FirstAt   time.Time `json:"firstAt"`
+	LastAt    time.Time `json:"lastAt"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+type replicaRow struct {
+	Name        string    `json:"name"`
+	StartedAt   time.Time `json:"startedAt"`
+	HeartbeatAt time.Time `json:"heartbeatAt"`
+	Ready       bool      `json:"ready"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+}
+
+type limitsResponse struct {
+	Permits         []limitRow    `json:"permits"`
+	Throttles       []throttleRow `json:"throttles"`
+	UploadWindows   []limitRow    `json:"uploadWindows"`
+	InFlight        []limitRow    `json:"inFlight"`
+	Replicas        []replicaRow  `json:"replicas"`
+	ReadyReplicas   int           `json:"readyReplicas"`
+	InstallationCap int           `json:"installationCap"`
+	ReadReplica     *bool         `json:"readReplicaHealthy,omitempty"`
+}
+
+// handleLimits is the operator view (GET /api/limits): every live permit,
+// throttle, upload window and in-flight row, as plain rows of the limit
+// tables, and the replica registry. It always reads the primary: UNLOGGED
+// tables are not replicated.
+func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	resp := limitsResponse{
+		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
+		InstallationCap: a.heavy.InstallationCap(),
+	}
+	fail := func(err error) {
+		if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
+			problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
+			return
+		}
+		problem.Internal(w, r, err)
+	}
+	permits, err := a.limit.HeavyPermitList(ctx, a.primary)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for _, p := range permits {
+		resp.Permits = append(resp.Permits, limitRow(*p))
+	}
+	uploads, err := a.limit.UploadWindowList(ctx, a.primary)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for _, p := range uploads {
+		resp.UploadWindows = append(resp.UploadWindows, limitRow(*p))
+	}
+	inflight, err := a.limit.RequestInFlightList(ctx, a.primary)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for _, p := range inflight {
+		resp.InFlight = append(resp.InFlight, limitRow(*p))
+	}
+	throttles, err := a.limit.LoginAttemptList(ctx, a.primary)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for _, t := range throttles {
+		resp.Throttles = append(resp.Throttles, throttleRow(*t))
+	}
+	replicas, err := a.limit.ReplicaList(ctx, a.primary)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for _, rep := range replicas {
+		resp.Replicas = append(resp.Replicas, replicaRow(*rep))
+		if rep.Ready {
+			resp.ReadyReplicas++
+		}
+	}
+	resp.ReadyReplicas = max(resp.ReadyReplicas, 1)
+	writeJSON(w, http.StatusOK, resp)
+}

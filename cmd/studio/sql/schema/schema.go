@@ -1,0 +1,21 @@
+// Package schema holds the reference service's own goose migrations (its
+// domain tables); pglimit's limit tables come from pglimit's schema
+// package and are migrated first.
+package schema
+
+import (
+	"embed"
+	"io/fs"
+)
+
+//go:embed *.sql
+var migrations embed.FS
+
+// FS is the folder of the service's migrations.
+func FS() fs.FS { return migrations }
+
+// VersionTable is the goose version table of the service's migrations.
+const VersionTable = "studio_schema_version"
+
+// LockID is the session advisory lock held while they run.
+const LockID = 0x73747564696f // "studio"
