@@ -1,0 +1,51 @@
+# pglimit — make help lists the targets. Everything runs from a fresh clone
+# with Go and the PostgreSQL server binaries installed: tests and `make run`
+# start a throwaway PostgreSQL of their own when DATABASE_URL is not set.
+
+GO        ?= go
+PKGS      ?= ./...
+# Packages whose tests hammer shared state from many goroutines.
+RACE_PKGS ?= ./permit/... ./middleware/... ./housekeeping/... ./replica/... ./nodelimit/... ./cursor/...
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: ## run the reference service (embedded PostgreSQL unless DATABASE_URL is set) on 127.0.0.1:8080
+	$(GO) run ./cmd/studio $(ARGS)
+
+.PHONY: test
+test: ## run every test against a real PostgreSQL, then the race detector on the concurrent packages and a short fuzz
+	$(GO) test -count=1 $(PKGS)
+	$(GO) test -count=1 -race -short $(RACE_PKGS)
+	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
+
+FUZZTIME ?= 30s
+.PHONY: fuzz
+fuzz: ## fuzz the cursor decoder and the page parser (FUZZTIME each)
+	@for target in $$($(GO) test -list '^Fuzz' ./cursor/ | grep '^Fuzz'); do \
+		echo "fuzz $$target $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./cursor/ || exit 1; \
+	done
+
+.PHONY: generate
+generate: ## compile sql/queries (and cmd/studio/sql/queries) into typed Go with sqlc
+	$(GO) tool sqlc generate
+
+.PHONY: verify
+verify: ## generated code matches the SQL (sqlc diff), every query prepares on a live database (sqlc vet), modules verified
+	$(GO) tool sqlc diff
+	$(GO) run ./internal/cmd/sqlcvet
+	$(GO) mod verify
+
+.PHONY: lint
+lint: ## go vet and staticcheck
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+.PHONY: bench
+bench: ## run the benchmarks and write BENCHMARKS.md
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
