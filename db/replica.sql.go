@@ -8,6 +8,8 @@ package db
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const replicaCountReady = `-- name: ReplicaCountReady :one
@@ -55,30 +57,44 @@ func (q *Queries) ReplicaDeleteLapsed(ctx context.Context, db DBTX, batch int32)
 	return result.RowsAffected(), nil
 }
 
-const replicaHeartbeat = `-- name: ReplicaHeartbeat :exec
+const replicaHeartbeat = `-- name: ReplicaHeartbeat :one
 
 INSERT INTO replica AS r (name, started_at, heartbeat_at, ready, expires_at)
-VALUES ($1::text, now(), now(), $2::boolean, now() + interval '1 millisecond' * $3::bigint)
+VALUES ($1::text, coalesce($2::timestamptz, now()), now(), $3::boolean,
+        now() + interval '1 millisecond' * $4::bigint)
 ON CONFLICT (name) DO UPDATE SET
     heartbeat_at = now(),
     ready        = excluded.ready,
     expires_at   = excluded.expires_at
+RETURNING started_at
 `
 
 type ReplicaHeartbeatParams struct {
-	Name  string
-	Ready bool
-	TtlMs int64
+	Name      string
+	StartedAt pgtype.Timestamptz
+	Ready     bool
+	TtlMs     int64
 }
 
 // The replica registry. Each replica upserts its row on every heartbeat; a
 // row counts as ready while ready is true and its expires_at (the last
 // heartbeat plus three intervals, on the database clock) is in the future.
-// Registers the replica or refreshes its row. The upsert also re-creates a
-// row lost when a crash of the database emptied this UNLOGGED table.
-func (q *Queries) ReplicaHeartbeat(ctx context.Context, db DBTX, arg *ReplicaHeartbeatParams) error {
-	_, err := db.Exec(ctx, replicaHeartbeat, arg.Name, arg.Ready, arg.TtlMs)
-	return err
+// Registers the replica or refreshes its row, and returns the row's
+// started_at. The upsert also re-creates a row lost when a crash of the
+// database emptied this UNLOGGED table; the replica then passes the
+// started_at it was first given, so the row keeps its start (a first
+// registration passes null and gets now()). expires_at is the heartbeat plus
+// @ttl_ms (three intervals), on the database clock.
+func (q *Queries) ReplicaHeartbeat(ctx context.Context, db DBTX, arg *ReplicaHeartbeatParams) (time.Time, error) {
+	row := db.QueryRow(ctx, replicaHeartbeat,
+		arg.Name,
+		arg.StartedAt,
+		arg.Ready,
+		arg.TtlMs,
+	)
+	var started_at time.Time
+	err := row.Scan(&started_at)
+	return started_at, err
 }
 
 const replicaList = `-- name: ReplicaList :many

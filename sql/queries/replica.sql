@@ -2,15 +2,21 @@
 -- row counts as ready while ready is true and its expires_at (the last
 -- heartbeat plus three intervals, on the database clock) is in the future.
 
--- name: ReplicaHeartbeat :exec
--- Registers the replica or refreshes its row. The upsert also re-creates a
--- row lost when a crash of the database emptied this UNLOGGED table.
+-- name: ReplicaHeartbeat :one
+-- Registers the replica or refreshes its row, and returns the row's
+-- started_at. The upsert also re-creates a row lost when a crash of the
+-- database emptied this UNLOGGED table; the replica then passes the
+-- started_at it was first given, so the row keeps its start (a first
+-- registration passes null and gets now()). expires_at is the heartbeat plus
+-- @ttl_ms (three intervals), on the database clock.
 INSERT INTO replica AS r (name, started_at, heartbeat_at, ready, expires_at)
-VALUES (@name::text, now(), now(), @ready::boolean, now() + interval '1 millisecond' * @ttl_ms::bigint)
+VALUES (@name::text, coalesce(sqlc.narg(started_at)::timestamptz, now()), now(), @ready::boolean,
+        now() + interval '1 millisecond' * @ttl_ms::bigint)
 ON CONFLICT (name) DO UPDATE SET
     heartbeat_at = now(),
     ready        = excluded.ready,
-    expires_at   = excluded.expires_at;
+    expires_at   = excluded.expires_at
+RETURNING started_at;
 
 -- name: ReplicaDelete :exec
 -- A replica that shuts down removes its row.

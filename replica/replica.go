@@ -1,0 +1,314 @@
+// Package replica is the registry of a service's running replicas, kept in
+// the UNLOGGED replica table of the database they share.
+//
+// Each replica registers a row when it starts (Start), refreshes it on every
+// heartbeat (by default every 5 s) and, when it shuts down, marks the row
+// not ready and deletes it (Stop). A row lapses three intervals after its
+// last heartbeat, on the database clock: a replica that died without Stop
+// stops counting by itself. ReadyReplicas returns how many replicas are ready
+// now, never fewer than one (the caller itself); the node call limiter
+// (package nodelimit) divides a broker node's rate by it (ADR-0196
+// decision 6).
+//
+// A crash of the database empties the UNLOGGED table. The next heartbeat
+// re-creates the row (the heartbeat is an upsert), keeping the replica's
+// start time. A failed heartbeat never stops the registry: it logs, reports
+// not ready through Ready, and tries again on the next tick.
+//
+// The SQL is in sql/queries/replica.sql.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/permit"
+)
+
+// DefaultInterval is the heartbeat interval when Options.Interval is zero.
+const DefaultInterval = 5 * time.Second
+
+// Lapse is how many intervals after its last heartbeat a row stops counting
+// as ready.
+const Lapse = 3
+
+// Options configure a Registry.
+type Options struct {
+	// Name identifies this replica's row; two replicas must not share it.
+	// Default host:pid (permit.DefaultReplicaName).
+	Name string
+	// Interval is the time between heartbeats. A row lapses Lapse (3)
+	// intervals after its last heartbeat. Default 5s; at least 10ms.
+	Interval time.Duration
+	// Timeout bounds one heartbeat (and the statements of Stop). Default:
+	// the interval, at most 5s.
+	Timeout time.Duration
+	// Logger receives heartbeat failures and recoveries. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Now is the clock Ready measures "recently" with. Default time.Now.
+	Now func() time.Time
+}
+
+// ErrStarted is returned by Start when the registry was started before.
+var ErrStarted = errors.New("replica: registry already started")
+
+// Registry registers this replica and counts the ready ones. It is safe for
+// concurrent use.
+type Registry struct {
+	pool     *pgxpool.Pool
+	q        *db.Queries
+	name     string
+	interval time.Duration
+	timeout  time.Duration
+	log      *slog.Logger
+	now      func() time.Time
+
+	mu          sync.Mutex
+	started     bool
+	stopped     bool
+	draining    bool
+	startedAt   pgtype.Timestamptz // the row's started_at, once registered
+	lastOK      time.Time          // when the last successful heartbeat ended
+	lastErr     error              // the last heartbeat's error, nil after a success
+	stopLoop    context.CancelFunc // ends the heartbeat loop
+	loopDone    chan struct{}
+	heartbeatMu sync.Mutex // one heartbeat statement at a time, in order
+}
+
+// New returns a Registry of the replicas whose rows are in pool's database.
+// It does not touch the database: Start registers the replica.
+func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
+	if pool == nil {
+		return nil, errors.New("replica: nil pool")
+	}
+	if opts.Name == "" {
+		opts.Name = permit.DefaultReplicaName()
+	}
+	if strings.TrimSpace(opts.Name) != opts.Name || len(opts.Name) > 200 {
+		return nil, fmt.Errorf("replica: name %q: blank at either end or longer than 200 bytes", opts.Name)
+	}
+	if opts.Interval == 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.Interval < 10*time.Millisecond {
+		return nil, fmt.Errorf("replica: interval %v: must be at least 10ms", opts.Interval)
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("replica: negative timeout %v", opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = min(opts.Interval, 5*time.Second)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Registry{pool: pool, q: db.New(), name: opts.Name, interval: opts.Interval, timeout: opts.Timeout,
+		log: opts.Logger, now: opts.Now}, nil
+}
+
+// Name is this replica's name in the registry.
+func (r *Registry) Name() string { return r.name }
+
+// Interval is the heartbeat interval.
+func (r *Registry) Interval() time.Duration { return r.interval }
+
+// Start registers this replica with a first heartbeat, bounded by ctx, and
+// starts heartbeating in the background until Stop. The background loop
+// runs even when the first heartbeat fails (the database may come up
+// later); that error is returned for the caller to log, and Ready reports
+// false until a heartbeat succeeds. Call Stop in either case.
+func (r *Registry) Start(ctx context.Context) error {
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return ErrStarted
+	}
+	r.started = true
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.stopLoop = cancel
+	r.loopDone = make(chan struct{})
+	r.mu.Unlock()
+
+	err := r.Heartbeat(ctx)
+	go r.loop(loopCtx)
+	return err
+}
+
+func (r *Registry) loop(ctx context.Context) {
+	defer close(r.loopDone)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = r.Heartbeat(ctx) // recorded and logged; the next tick tries again
+		}
+	}
+}
+
+// Heartbeat refreshes this replica's row now (re-creating it when the table
+// was emptied) and records the outcome for Ready. The background loop calls
+// it every interval; a caller need not. A failure is logged once when
+// heartbeats start failing and once when they recover.
+func (r *Registry) Heartbeat(ctx context.Context) error {
+	r.heartbeatMu.Lock()
+	defer r.heartbeatMu.Unlock()
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return nil
+	}
+	ready := !r.draining
+	startedAt := r.startedAt
+	r.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	got, err := r.q.ReplicaHeartbeat(ctx, r.pool, &db.ReplicaHeartbeatParams{
+		Name: r.name, StartedAt: startedAt, Ready: ready, TtlMs: r.ttl().Milliseconds(),
+	})
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	prevErr := r.lastErr
+	if err != nil {
+		r.lastErr = err
+		if prevErr == nil {
+			r.log.Warn("replica: heartbeat failed; retrying every interval", "replica", r.name, "err", err)
+		}
+		return fmt.Errorf("replica: heartbeat: %w", err)
+	}
+	if !r.startedAt.Valid {
+		r.startedAt = pgtype.Timestamptz{Time: got, Valid: true}
+	}
+	r.lastErr = nil
+	r.lastOK = r.now()
+	if prevErr != nil {
+		r.log.Info("replica: heartbeat recovered", "replica", r.name)
+	}
+	return nil
+}
+
+// ttl is how long a heartbeat keeps the row ready.
+func (r *Registry) ttl() time.Duration { return Lapse * r.interval }
+
+// Ready reports whether this replica is registered and ready: started, not
+// draining or stopped, its last heartbeat succeeded, and that was less than
+// three intervals ago. A service's /readyz reports it.
+func (r *Registry) Ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.started && !r.stopped && !r.draining && r.lastErr == nil &&
+		!r.lastOK.IsZero() && r.now().Sub(r.lastOK) < r.ttl()
+}
+
+// LastError is the error of the last heartbeat, nil when it succeeded (or
+// none ran yet). It says why Ready is false, for a log.
+func (r *Registry) LastError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// Drain marks this replica not ready, in its row and in Ready, while it
+// finishes its work; heartbeats go on with ready false, so the other
+// replicas stop counting it at once. Stop drains first if Drain was not
+// called.
+func (r *Registry) Drain(ctx context.Context) error {
+	r.mu.Lock()
+	r.draining = true
+	started := r.started && !r.stopped
+	r.mu.Unlock()
+	if !started {
+		return nil
+	}
+	return r.Heartbeat(ctx)
+}
+
+// Stop ends the heartbeats, marks the row not ready and deletes it. Each
+// statement is bounded by the heartbeat timeout (and ctx); a row Stop could
+// not delete lapses three intervals after the last heartbeat. Stop is
+// idempotent and returns the first error.
+func (r *Registry) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.started || r.stopped {
+		r.mu.Unlock()
+		return nil
+	}
+	r.mu.Unlock()
+
+	errDrain := r.Drain(ctx)
+
+	r.mu.Lock()
+	r.stopped = true
+	r.stopLoop()
+	done := r.loopDone
+	r.mu.Unlock()
+	<-done
+
+	r.heartbeatMu.Lock() // a heartbeat in flight ends before the row goes
+	defer r.heartbeatMu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	errDelete := r.q.ReplicaDelete(dctx, r.pool, r.name)
+	if errDelete != nil {
+		errDelete = fmt.Errorf("replica: delete row: %w", errDelete)
+	}
+	return errors.Join(errDrain, errDelete)
+}
+
+// ReadyReplicas returns the number of ready replicas: rows marked ready
+// whose last heartbeat is less than three of their intervals old. It is
+// never less than 1, the caller itself, even before this replica's row is
+// written or after a crash of the database emptied the table. On an error it
+// returns 1 and the error.
+func (r *Registry) ReadyReplicas(ctx context.Context) (int, error) {
+	n, err := r.q.ReplicaCountReady(ctx, r.pool)
+	if err != nil {
+		return 1, fmt.Errorf("replica: count ready: %w", err)
+	}
+	return max(1, int(n)), nil
+}
+
+// Replica is one row of the registry.
+type Replica struct {
+	// Name identifies the replica.
+	Name string
+	// StartedAt is when it registered first.
+	StartedAt time.Time
+	// HeartbeatAt is its last heartbeat.
+	HeartbeatAt time.Time
+	// Ready is whether it counts as ready now.
+	Ready bool
+	// ExpiresAt is when the row lapses without another heartbeat.
+	ExpiresAt time.Time
+}
+
+// List returns every registered replica, ready or not, by name: the
+// operator view.
+func (r *Registry) List(ctx context.Context) ([]Replica, error) {
+	rows, err := r.q.ReplicaList(ctx, r.pool)
+	if err != nil {
+		return nil, fmt.Errorf("replica: list: %w", err)
+	}
+	out := make([]Replica, len(rows))
+	for i, row := range rows {
+		out[i] = Replica{Name: row.Name, StartedAt: row.StartedAt, HeartbeatAt: row.HeartbeatAt, Ready: row.Ready, ExpiresAt: row.ExpiresAt}
+	}
+	return out, nil
+}

@@ -1,0 +1,392 @@
+package replica_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/replica"
+	"github.com/pglimit/pglimit/sql/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newRegistry(t *testing.T, pool *pgxpool.Pool, name string, interval time.Duration) *replica.Registry {
+	t.Helper()
+	r, err := replica.New(pool, replica.Options{Name: name, Interval: interval, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	return r
+}
+
+// row is what an independent observer reads of one replica row.
+type row struct {
+	ready                       bool
+	started, heartbeat, expires time.Time
+	ttl                         time.Duration // expires_at - heartbeat_at
+	countsNow                   bool
+}
+
+// observe reads the replica table from the observer's own pool; ok false
+// when the row is missing.
+func observe(t *testing.T, obs *pgxpool.Pool, name string) (row, bool) {
+	t.Helper()
+	var r row
+	var ttlMs float64
+	err := obs.QueryRow(context.Background(), `
+		SELECT ready, started_at, heartbeat_at, expires_at,
+		       extract(epoch FROM expires_at - heartbeat_at) * 1000, ready AND expires_at > now()
+		FROM replica WHERE name = $1`, name).
+		Scan(&r.ready, &r.started, &r.heartbeat, &r.expires, &ttlMs, &r.countsNow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ttl = time.Duration(ttlMs) * time.Millisecond
+	return r, true
+}
+
+func readyCount(t *testing.T, r *replica.Registry) int {
+	t.Helper()
+	n, err := r.ReadyReplicas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond every 20 ms until it holds or within passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLifecycle: a replica registers a ready row at start, heartbeats it,
+// marks it not ready when draining, and deletes it on Stop; another
+// replica's count follows every step.
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	obs := pgtest.Pool(t, url, 2)
+	const interval = 100 * time.Millisecond
+	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", interval)
+	b := newRegistry(t, pgtest.Pool(t, url, 2), "b", interval)
+	ctx := context.Background()
+
+	if a.Ready() {
+		t.Fatal("Ready before Start")
+	}
+	if _, ok := observe(t, obs, "a"); ok {
+		t.Fatal("row before Start")
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Ready() || !b.Ready() {
+		t.Fatalf("Ready after Start: a %v b %v", a.Ready(), b.Ready())
+	}
+	first, ok := observe(t, obs, "a")
+	if !ok || !first.ready || !first.countsNow {
+		t.Fatalf("row after Start: %+v present %v", first, ok)
+	}
+	if first.ttl != replica.Lapse*interval {
+		t.Fatalf("row lapses %v after its heartbeat, want 3 intervals (%v)", first.ttl, replica.Lapse*interval)
+	}
+	if n := readyCount(t, b); n != 2 {
+		t.Fatalf("ready replicas = %d, want 2", n)
+	}
+	eventually(t, 2*time.Second, "heartbeat_at advances", func() bool {
+		r, ok := observe(t, obs, "a")
+		return ok && r.heartbeat.After(first.heartbeat) && r.started.Equal(first.started)
+	})
+
+	if err := a.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.Ready() {
+		t.Fatal("Ready while draining")
+	}
+	drained, ok := observe(t, obs, "a")
+	if !ok || drained.ready {
+		t.Fatalf("row while draining: %+v present %v; want present, not ready", drained, ok)
+	}
+	if n := readyCount(t, b); n != 1 {
+		t.Fatalf("ready replicas with a draining = %d, want 1", n)
+	}
+	time.Sleep(3 * interval) // heartbeats go on while draining, still not ready
+	if r, ok := observe(t, obs, "a"); !ok || r.ready || !r.heartbeat.After(drained.heartbeat) {
+		t.Fatalf("row after draining for a while: %+v present %v", r, ok)
+	}
+
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := observe(t, obs, "a"); ok {
+		t.Fatal("row still there after Stop")
+	}
+	time.Sleep(2 * interval) // no heartbeat brings it back
+	if _, ok := observe(t, obs, "a"); ok {
+		t.Fatal("row came back after Stop")
+	}
+	if err := a.Stop(ctx); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	if list, err := b.List(ctx); err != nil || len(list) != 1 || list[0].Name != "b" || !list[0].Ready {
+		t.Fatalf("List = %+v, %v; want only b, ready", list, err)
+	}
+}
+
+// TestStaleRowNotCounted: a replica that stops heartbeating without Stop
+// (its database connection is gone) is counted until its row is three
+// intervals old, then no more.
+func TestStaleRowNotCounted(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	obs := pgtest.Pool(t, url, 2)
+	const interval = 300 * time.Millisecond
+	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", interval)
+	poolB := pgtest.Pool(t, url, 2)
+	b := newRegistry(t, poolB, "b", interval)
+	ctx := context.Background()
+	for _, r := range []*replica.Registry{a, b} {
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := readyCount(t, a); n != 2 {
+		t.Fatalf("ready replicas = %d, want 2", n)
+	}
+	poolB.Close() // b keeps running but its heartbeats fail from now on
+	last, _ := observe(t, obs, "b")
+	eventually(t, 5*time.Second, "b stops being counted", func() bool { return readyCount(t, a) == 1 })
+	var stale bool
+	if err := obs.QueryRow(ctx, `SELECT now() - heartbeat_at >= $1::interval FROM replica WHERE name = 'b'`,
+		(replica.Lapse * interval).String()).Scan(&stale); err != nil {
+		t.Fatal(err)
+	}
+	if !stale {
+		t.Fatal("b stopped counting before its row was three intervals old")
+	}
+	if r, _ := observe(t, obs, "b"); !r.heartbeat.Equal(last.heartbeat) {
+		t.Fatal("b's row was refreshed after its pool closed")
+	}
+	eventually(t, 2*time.Second, "b reports not ready", func() bool { return !b.Ready() && b.LastError() != nil })
+}
+
+// TestCountNeverBelowOne: an empty table, or only rows not ready, still
+// count the caller.
+func TestCountNeverBelowOne(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", time.Second)
+	if n := readyCount(t, a); n != 1 {
+		t.Fatalf("empty table: ready replicas = %d, want 1", n)
+	}
+	b := newRegistry(t, pgtest.Pool(t, url, 2), "b", time.Second)
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := readyCount(t, a); n != 1 {
+		t.Fatalf("only a draining row: ready replicas = %d, want 1", n)
+	}
+}
+
+// TestRowRecreatedAfterTruncate: a crash of the database empties the
+// UNLOGGED table (TRUNCATE stands in for it); the next heartbeat writes the
+// row again, with the replica's original start.
+func TestRowRecreatedAfterTruncate(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	obs := pgtest.Pool(t, url, 2)
+	const interval = 100 * time.Millisecond
+	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", interval)
+	ctx := context.Background()
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := observe(t, obs, "a")
+	time.Sleep(20 * time.Millisecond)
+	if _, err := obs.Exec(ctx, `TRUNCATE replica`); err != nil {
+		t.Fatal(err)
+	}
+	if n := readyCount(t, a); n != 1 {
+		t.Fatalf("after TRUNCATE: ready replicas = %d, want 1", n)
+	}
+	var after row
+	eventually(t, 2*time.Second, "row re-created", func() bool {
+		var ok bool
+		after, ok = observe(t, obs, "a")
+		return ok
+	})
+	if !after.ready || !after.countsNow || !after.started.Equal(before.started) {
+		t.Fatalf("re-created row %+v; want ready, started_at %v", after, before.started)
+	}
+	if !a.Ready() {
+		t.Fatal("not Ready after the row came back")
+	}
+}
+
+// TestSurvivesDatabaseCrash: the database crashes (immediate shutdown,
+// crash recovery empties the UNLOGGED table) and comes back; meanwhile
+// heartbeats fail without harm, Ready says false, and once the database is
+// back the registry writes its row again and is Ready.
+func TestSurvivesDatabaseCrash(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Cluster(t)
+	pool := pgtest.Pool(t, c.URL("postgres"), 2)
+	ctx := context.Background()
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	a := newRegistry(t, pool, "a", 100*time.Millisecond)
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "not Ready while the database is down", func() bool { return !a.Ready() })
+	if a.LastError() == nil {
+		t.Fatal("no LastError while the database is down")
+	}
+	time.Sleep(300 * time.Millisecond) // several failed heartbeats
+	if err := c.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "Ready again", a.Ready)
+	obs := pgtest.Pool(t, c.URL("postgres"), 1)
+	if r, ok := observe(t, obs, "a"); !ok || !r.ready {
+		t.Fatalf("row after the crash: %+v present %v", r, ok)
+	}
+}
+
+// TestHeartbeatFailureHarmless: a registry whose database cannot be reached
+// starts, reports the error, keeps trying and stops without panicking.
+func TestHeartbeatFailureHarmless(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.Pool(t, url, 1)
+	pool.Close()
+	a := newRegistry(t, pool, "a", 20*time.Millisecond)
+	if err := a.Start(context.Background()); err == nil {
+		t.Fatal("Start on a closed pool: no error")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if a.Ready() || a.LastError() == nil {
+		t.Fatalf("Ready %v LastError %v; want false and an error", a.Ready(), a.LastError())
+	}
+	if n, err := a.ReadyReplicas(context.Background()); n != 1 || err == nil {
+		t.Fatalf("ReadyReplicas = %d, %v; want 1 and an error", n, err)
+	}
+	if err := a.Stop(context.Background()); err == nil {
+		t.Fatal("Stop on a closed pool: no error")
+	}
+}
+
+// TestReadyNeedsRecentHeartbeat: Ready turns false three intervals after the
+// last successful heartbeat, on the injected clock.
+func TestReadyNeedsRecentHeartbeat(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	a, err := replica.New(pgtest.Pool(t, url, 1), replica.Options{Name: "a", Interval: time.Hour, Logger: quiet, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	advance(3*time.Hour - time.Second)
+	if !a.Ready() {
+		t.Fatal("not Ready 2h59m59s after a heartbeat with a 1h interval")
+	}
+	advance(time.Second)
+	if a.Ready() {
+		t.Fatal("Ready three intervals after the last heartbeat")
+	}
+	if err := a.Heartbeat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Ready() {
+		t.Fatal("not Ready after a fresh heartbeat")
+	}
+}
+
+func TestStartTwice(t *testing.T) {
+	t.Parallel()
+	a := newRegistry(t, pgtest.Pool(t, pgtest.URL(t), 1), "a", time.Second)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); !errors.Is(err, replica.ErrStarted) {
+		t.Fatalf("second Start: %v, want ErrStarted", err)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // never connected
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, tc := range []struct {
+		name string
+		pool *pgxpool.Pool
+		opts replica.Options
+		want string
+	}{
+		{"nil pool", nil, replica.Options{}, "nil pool"},
+		{"interval too short", pool, replica.Options{Interval: 5 * time.Millisecond}, "at least 10ms"},
+		{"negative interval", pool, replica.Options{Interval: -time.Second}, "at least 10ms"},
+		{"negative timeout", pool, replica.Options{Timeout: -time.Second}, "negative timeout"},
+		{"blank name", pool, replica.Options{Name: " a "}, "blank"},
+		{"long name", pool, replica.Options{Name: strings.Repeat("x", 201)}, "longer than 200"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := replica.New(tc.pool, tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || r != nil {
+				t.Fatalf("New = %v, %v; want an error containing %q", r, err, tc.want)
+			}
+		})
+	}
+	r, err := replica.New(pool, replica.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Interval() != replica.DefaultInterval || r.Name() == "" {
+		t.Fatalf("defaults: interval %v name %q", r.Interval(), r.Name())
+	}
+}
