@@ -60,6 +60,10 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	b, _ := heavy.FromContext(ctx)
 	rc := http.NewResponseController(w)
+	// A client that stops reading cannot hold the permit for ever: writes
+	// fail a little after the time bound, the handler returns, and the
+	// permit is released.
+	_ = rc.SetWriteDeadline(b.Deadline.Add(10 * time.Second))
 	cw := csv.NewWriter(w)
 	started := false
 	start := func() {
@@ -85,8 +89,8 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		}
 		mark, err = heavy.Stream(ctx, rows, func(rows pgx.Rows) error {
 			var (
-				id                     int64
-				at                     time.Time
+				id                    int64
+				at                    time.Time
 				actor, action, target string
 			)
 			if err := rows.Scan(&id, &at, &actor, &action, &target); err != nil {

@@ -1,0 +1,142 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestConsole covers the SQL console's answers: a result, the row cap,
+// statements it refuses, and the time bound.
+func TestConsole(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 1, "-sql-console-rows", "100", "-sql-console-time", "1s")
+	url := procs[0].URL + "/api/sql"
+
+	r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT 1 AS one, 'x' AS two"})
+	if r.Status != http.StatusOK {
+		t.Fatalf("%d %s", r.Status, r.Body)
+	}
+	if diff := cmp.Diff(map[string]any{"columns": []any{"one", "two"}, "rows": []any{[]any{float64(1), "x"}}, "bound": nil}, r.json(t)); diff != "" {
+		t.Errorf("result (-want +got):\n%s", diff)
+	}
+
+	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT g FROM generate_series(1, 500) g"})
+	got := r.json(t)
+	if got["bound"] != "ROWS" || len(got["rows"].([]any)) != 100 {
+		t.Fatalf("row cap: bound %v, %d rows", got["bound"], len(got["rows"].([]any)))
+	}
+
+	for name, sql := range map[string]string{
+		"write":               "DELETE FROM audit_event",
+		"ddl":                 "CREATE TABLE x (y int)",
+		"two statements":      "SELECT 1; SELECT 2",
+		"syntax":              "SELEC 1",
+		"set read write":      "SET TRANSACTION READ WRITE",
+		"timeout off then go": "SET statement_timeout = 0; SELECT pg_sleep(5)",
+	} {
+		r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": sql})
+		r.problemOf(t, http.StatusBadRequest, "invalid-sql")
+		_ = name
+	}
+
+	start := time.Now()
+	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT pg_sleep(10)"})
+	m := r.problemOf(t, http.StatusServiceUnavailable, "heavy-request-timed-out")
+	if m["endpoint"] != "sql-console" || m["bound"] != "TIME" || m["limit"] != "1s" {
+		t.Errorf("timeout members: %v", m)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("a 1 s bound answered after %v", took)
+	}
+	// A statement that resets the timeout inside itself is still stopped.
+	start = time.Now()
+	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT set_config('statement_timeout', '0', true), pg_sleep(10)"})
+	r.problemOf(t, http.StatusServiceUnavailable, "heavy-request-timed-out")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("set_config inside the statement escaped the bound: %v", took)
+	}
+}
+
+// TestConsoleCapAcrossReplicas runs many concurrent console queries of one
+// user through three replicas and counts them in pg_stat_activity: never
+// more than -sql-console-cap at once, and every refusal is the contract's
+// 429.
+func TestConsoleCapAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	procs, dbURL := studio(t, 3, "-sql-console-cap", "2")
+	obs, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close(context.Background())
+	const marker = "console-cap-probe"
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	observed := make(chan struct{})
+	go func() {
+		defer close(observed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int64
+			if err := obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&n); err == nil && n > peak.Load() {
+				peak.Store(n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	var firstRefusal sync.Once
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := send(context.Background(), http.MethodPost, procs[i%3].URL+"/api/sql", "alice-token",
+				map[string]string{"sql": fmt.Sprintf("SELECT pg_sleep(0.3), '%s'", marker)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			switch r.Status {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				refused.Add(1)
+				firstRefusal.Do(func() {
+					m := r.problemOf(t, http.StatusTooManyRequests, "too-many-heavy-requests")
+					if m["endpoint"] != "sql-console" || m["limit"] != float64(2) || m["scope"] != "user" {
+						t.Errorf("refusal members: %v", m)
+					}
+					if r.Header.Get("Retry-After") == "" || r.Header.Get("RateLimit-Policy") == "" {
+						t.Errorf("refusal headers: %v", r.Header)
+					}
+				})
+			default:
+				t.Errorf("status %d: %s", r.Status, r.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-observed
+	t.Logf("ok %d, refused %d, peak running %d", ok.Load(), refused.Load(), peak.Load())
+	if peak.Load() > 2 {
+		t.Fatalf("pg_stat_activity saw %d console queries of one user at once; cap 2", peak.Load())
+	}
+	if peak.Load() < 2 || refused.Load() == 0 {
+		t.Fatalf("never reached the cap (peak %d, refused %d)", peak.Load(), refused.Load())
+	}
+}
