@@ -42,7 +42,8 @@ func (q *Queries) LoginAttemptDeleteLapsed(ctx context.Context, db DBTX, batch i
 
 const loginAttemptGet = `-- name: LoginAttemptGet :one
 
-SELECT failures, expires_at
+SELECT failures, expires_at,
+       ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
 FROM login_attempt
 WHERE key = $1::text AND expires_at > now()
 `
@@ -50,6 +51,7 @@ WHERE key = $1::text AND expires_at > now()
 type LoginAttemptGetRow struct {
 	Failures  int32
 	ExpiresAt time.Time
+	RetryMs   int64
 }
 
 // The failed sign-in throttle (ADR-0196 decision 5). A row counts the
@@ -57,11 +59,13 @@ type LoginAttemptGetRow struct {
 // failure; the row lapses when the window ends. middleware/signin runs each
 // write on the pool in a statement of its own (its own transaction), so a
 // failure is counted even when the request's own transaction rolls back.
-// The one read a sign-in costs: the live failures of a key, if any.
+// The one read a sign-in costs: the live failures of a key, if any, and the
+// milliseconds until its window ends on the database clock (retry_ms), so
+// Retry-After never depends on a replica's clock.
 func (q *Queries) LoginAttemptGet(ctx context.Context, db DBTX, key string) (*LoginAttemptGetRow, error) {
 	row := db.QueryRow(ctx, loginAttemptGet, key)
 	var i LoginAttemptGetRow
-	err := row.Scan(&i.Failures, &i.ExpiresAt)
+	err := row.Scan(&i.Failures, &i.ExpiresAt, &i.RetryMs)
 	return &i, err
 }
 
@@ -107,7 +111,8 @@ ON CONFLICT (key) DO UPDATE SET
     first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
     last_at    = now(),
     expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
-RETURNING failures, expires_at
+RETURNING failures, expires_at,
+          ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
 `
 
 type LoginAttemptRecordFailureParams struct {
@@ -118,6 +123,7 @@ type LoginAttemptRecordFailureParams struct {
 type LoginAttemptRecordFailureRow struct {
 	Failures  int32
 	ExpiresAt time.Time
+	RetryMs   int64
 }
 
 // Counts a failed sign-in: opens a new window when there is none or the last
@@ -126,7 +132,7 @@ type LoginAttemptRecordFailureRow struct {
 func (q *Queries) LoginAttemptRecordFailure(ctx context.Context, db DBTX, arg *LoginAttemptRecordFailureParams) (*LoginAttemptRecordFailureRow, error) {
 	row := db.QueryRow(ctx, loginAttemptRecordFailure, arg.Key, arg.WindowMs)
 	var i LoginAttemptRecordFailureRow
-	err := row.Scan(&i.Failures, &i.ExpiresAt)
+	err := row.Scan(&i.Failures, &i.ExpiresAt, &i.RetryMs)
 	return &i, err
 }
 
@@ -142,9 +148,12 @@ WITH reserved AS (
     WHERE a.expires_at <= now() OR a.failures < $3::int
     RETURNING a.failures, a.expires_at
 )
-SELECT true AS reserved, r.failures, r.expires_at FROM reserved AS r
+SELECT true AS reserved, r.failures, r.expires_at,
+       ceil(extract(epoch FROM r.expires_at - now()) * 1000)::bigint AS retry_ms
+FROM reserved AS r
 UNION ALL
-SELECT false AS reserved, l.failures, l.expires_at
+SELECT false AS reserved, l.failures, l.expires_at,
+       ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
 FROM login_attempt AS l
 WHERE l.key = $1::text AND NOT EXISTS (SELECT 1 FROM reserved)
 `
@@ -159,17 +168,26 @@ type LoginAttemptReserveRow struct {
 	Reserved  bool
 	Failures  int32
 	ExpiresAt time.Time
+	RetryMs   int64
 }
 
 // Strict mode: counts the attempt as a failure before the password is
 // checked, but only while the key is under @max_failures, in one atomic
 // statement; a success then clears it. reserved is false when the limit was
-// already reached, and the row then says when its window ends. The fallback
-// SELECT reads the statement's snapshot, the row as it was before the upsert.
+// already reached. ON CONFLICT judges the WHERE against the latest committed
+// row, so the decision is always right; the fallback SELECT, though, reads
+// the statement's snapshot, which may predate a concurrent writer: it may
+// find no row, or an older, lapsed one (retry_ms <= 0). The caller then
+// reads the row again (LoginAttemptGet, a fresh snapshot) for Retry-After.
 func (q *Queries) LoginAttemptReserve(ctx context.Context, db DBTX, arg *LoginAttemptReserveParams) (*LoginAttemptReserveRow, error) {
 	row := db.QueryRow(ctx, loginAttemptReserve, arg.Key, arg.WindowMs, arg.MaxFailures)
 	var i LoginAttemptReserveRow
-	err := row.Scan(&i.Reserved, &i.Failures, &i.ExpiresAt)
+	err := row.Scan(
+		&i.Reserved,
+		&i.Failures,
+		&i.ExpiresAt,
+		&i.RetryMs,
+	)
 	return &i, err
 }
 

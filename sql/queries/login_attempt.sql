@@ -5,8 +5,11 @@
 -- failure is counted even when the request's own transaction rolls back.
 
 -- name: LoginAttemptGet :one
--- The one read a sign-in costs: the live failures of a key, if any.
-SELECT failures, expires_at
+-- The one read a sign-in costs: the live failures of a key, if any, and the
+-- milliseconds until its window ends on the database clock (retry_ms), so
+-- Retry-After never depends on a replica's clock.
+SELECT failures, expires_at,
+       ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
 FROM login_attempt
 WHERE key = @key::text AND expires_at > now();
 
@@ -21,14 +24,18 @@ ON CONFLICT (key) DO UPDATE SET
     first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
     last_at    = now(),
     expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
-RETURNING failures, expires_at;
+RETURNING failures, expires_at,
+          ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms;
 
 -- name: LoginAttemptReserve :one
 -- Strict mode: counts the attempt as a failure before the password is
 -- checked, but only while the key is under @max_failures, in one atomic
 -- statement; a success then clears it. reserved is false when the limit was
--- already reached, and the row then says when its window ends. The fallback
--- SELECT reads the statement's snapshot, the row as it was before the upsert.
+-- already reached. ON CONFLICT judges the WHERE against the latest committed
+-- row, so the decision is always right; the fallback SELECT, though, reads
+-- the statement's snapshot, which may predate a concurrent writer: it may
+-- find no row, or an older, lapsed one (retry_ms <= 0). The caller then
+-- reads the row again (LoginAttemptGet, a fresh snapshot) for Retry-After.
 WITH reserved AS (
     INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
     VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
@@ -40,9 +47,12 @@ WITH reserved AS (
     WHERE a.expires_at <= now() OR a.failures < @max_failures::int
     RETURNING a.failures, a.expires_at
 )
-SELECT true AS reserved, r.failures, r.expires_at FROM reserved AS r
+SELECT true AS reserved, r.failures, r.expires_at,
+       ceil(extract(epoch FROM r.expires_at - now()) * 1000)::bigint AS retry_ms
+FROM reserved AS r
 UNION ALL
-SELECT false AS reserved, l.failures, l.expires_at
+SELECT false AS reserved, l.failures, l.expires_at,
+       ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
 FROM login_attempt AS l
 WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
 

@@ -1,0 +1,251 @@
+package signin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"golang.org/x/text/cases"
+	"golang.org/x/text/unicode/norm"
+
+	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/problem"
+)
+
+// Handler throttles the sign-in handler next. For each request it buffers
+// the body (at most MaxBodyBytes), reads the client key with Options.Key,
+// and checks the key: a throttled key is refused (429), a database that
+// cannot be reached fails the sign-in (503), and otherwise next runs with
+// the Attempt in its context (FromContext) and the body intact. The outcome
+// is what next reports with Failed / Succeeded / Abandoned, or else what
+// its status says: 401 a failure, 2xx a success, anything else (or a panic,
+// or nothing written) not an attempt. A failure is recorded before the 401
+// goes out; if it cannot be recorded the client gets 503 instead.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := readBody(w, r, l.maxBody)
+		if err != nil {
+			writeBodyError(w, err)
+			return
+		}
+		key, err := l.key(withBody(r, body))
+		if err != nil || key == "" {
+			writeBodyError(w, err)
+			return
+		}
+		a, err := l.Check(r.Context(), key)
+		if err != nil {
+			var le *LimitError
+			switch {
+			case errors.As(err, &le):
+				l.onRefused(w, r, le)
+			case dberr.IsUnavailable(err) || dberr.IsTimeout(err):
+				writeUnavailable(w, r, err)
+			default:
+				problem.Internal(w, r, err)
+			}
+			return
+		}
+		ow := &outcomeWriter{ResponseWriter: w, l: l, a: a, r: r}
+		defer func() {
+			if p := recover(); p != nil {
+				l.settle(r, "panic", a.Abandon)
+				panic(p)
+			}
+			if !ow.wroteHeader {
+				l.settle(r, "no response", a.Abandon)
+			}
+		}()
+		next.ServeHTTP(ow, withBody(r, body).WithContext(NewContext(r.Context(), a)))
+	})
+}
+
+// settle reports an outcome whose failure cannot change the response any
+// more; a failed write is logged.
+func (l *Limiter) settle(r *http.Request, why string, f func(context.Context) error) {
+	if err := f(r.Context()); err != nil {
+		l.log.WarnContext(r.Context(), "signin: giving back a reservation failed; it lapses with its window", "why", why, "err", err)
+	}
+}
+
+// outcomeWriter learns the outcome of an attempt from the status the
+// handler writes, before the status reaches the client.
+type outcomeWriter struct {
+	http.ResponseWriter
+	l *Limiter
+	a *Attempt
+	r *http.Request
+
+	wroteHeader bool
+	swallow     bool // the response was replaced by a 503
+}
+
+// Unwrap returns the wrapped ResponseWriter (for http.ResponseController).
+func (w *outcomeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *outcomeWriter) WriteHeader(code int) {
+	if w.wroteHeader {
+		w.ResponseWriter.WriteHeader(code) // superfluous; net/http logs it
+		return
+	}
+	if code >= 100 && code < 200 {
+		w.ResponseWriter.WriteHeader(code) // informational: not the outcome
+		return
+	}
+	w.wroteHeader = true
+	ctx := w.r.Context()
+	switch {
+	case code == http.StatusUnauthorized:
+		if err := w.a.RecordFailure(ctx); err != nil {
+			// An uncounted failure must not look like a counted one.
+			w.swallow = true
+			h := w.ResponseWriter.Header()
+			for k := range h {
+				delete(h, k)
+			}
+			writeUnavailable(w.ResponseWriter, w.r, err)
+			return
+		}
+	case code >= 200 && code < 300:
+		if err := w.a.Succeeded(ctx); err != nil {
+			w.l.log.WarnContext(ctx, "signin: clearing failures after a success failed; they lapse on their own", "err", err)
+		}
+	default:
+		if err := w.a.Abandon(ctx); err != nil {
+			w.l.log.WarnContext(ctx, "signin: giving back a reservation failed; it lapses with its window", "err", err)
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *outcomeWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.swallow {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes the wrapped writer, if it can.
+func (w *outcomeWriter) Flush() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// readBody reads at most limit bytes of r's body.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
+// withBody returns a shallow copy of r whose body reads body from the start;
+// r itself is never changed.
+func withBody(r *http.Request, body []byte) *http.Request {
+	c := r.WithContext(r.Context())
+	c.Body = io.NopCloser(bytes.NewReader(body))
+	c.ContentLength = int64(len(body))
+	c.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return c
+}
+
+func writeBodyError(w http.ResponseWriter, err error) {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		problem.Write(w, &problem.Details{Slug: SlugTooLarge, Title: "Sign-in request too large",
+			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
+		return
+	}
+	problem.BadRequest(w, SlugInvalid, "Invalid sign-in request",
+		"The sign-in request must carry a username (a JSON object or a form with the field \"username\").")
+}
+
+// UsernameKey is the default key function: "username:" followed by the
+// normalised (NormalizeUsername) field "username" of a JSON object body
+// (Content-Type application/json or any +json) or of a form body
+// (application/x-www-form-urlencoded or multipart/form-data). A body
+// without a Content-Type is read as JSON when it starts with '{', as a form
+// otherwise. It never looks at X-Forwarded-For or any other header. It
+// returns ErrNoKey when there is no non-empty username.
+func UsernameKey(r *http.Request) (string, error) {
+	u, err := usernameOf(r)
+	if err != nil {
+		return "", err
+	}
+	u = NormalizeUsername(u)
+	if u == "" {
+		return "", ErrNoKey
+	}
+	return "username:" + u, nil
+}
+
+func usernameOf(r *http.Request) (string, error) {
+	if r.Body == nil {
+		return "", ErrNoKey
+	}
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch {
+	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+		return jsonUsername(r.Body)
+	case mt == "multipart/form-data":
+		if err := r.ParseMultipartForm(32 << 10); err != nil {
+			return "", ErrNoKey
+		}
+		return r.FormValue("username"), nil
+	case mt == "application/x-www-form-urlencoded":
+		return formUsername(r.Body)
+	case mt == "":
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return "", err
+		}
+		if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
+			return jsonUsername(bytes.NewReader(b))
+		}
+		return formUsername(bytes.NewReader(b))
+	}
+	return "", ErrNoKey
+}
+
+func jsonUsername(body io.Reader) (string, error) {
+	var v struct {
+		Username *string `json:"username"`
+	}
+	if err := json.NewDecoder(body).Decode(&v); err != nil || v.Username == nil {
+		return "", ErrNoKey
+	}
+	return *v.Username, nil
+}
+
+func formUsername(body io.Reader) (string, error) {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return "", err
+	}
+	vals, err := url.ParseQuery(string(b))
+	if err != nil {
+		return "", ErrNoKey
+	}
+	return vals.Get("username"), nil
+}
+
+// NormalizeUsername is how the default key compares usernames: surrounding
+// white space trimmed, compatibility-normalised (NFKC) and Unicode
+// case-folded, so "Alice", " alice " and "ALICE" are one key, and so are
+// "straße" and "STRASSE".
+func NormalizeUsername(s string) string {
+	s = strings.TrimSpace(norm.NFKC.String(s))
+	// A Caser is stateful: one per call.
+	return norm.NFKC.String(cases.Fold().String(s))
+}
