@@ -1,0 +1,50 @@
+package upload_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/upload"
+)
+
+// Wrap the upload handler. A file the handler rejects (4xx) gives its slot
+// back; a stored one (2xx) keeps it for the rolling window.
+func Example() {
+	url, drop := pgtest.ForExample()
+	defer drop()
+	pool, _ := pgxpool.New(context.Background(), url)
+	defer pool.Close()
+
+	limiter, _ := upload.New(pool, upload.Options{
+		User:  func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+		Limit: 2, // per user in any hour (the default window)
+	})
+	handler := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		file, _ := io.ReadAll(r.Body)
+		if string(file) == "not a plugin" {
+			http.Error(w, "invalid plugin", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+
+	for _, file := range []string{"plugin-a", "not a plugin", "plugin-b", "plugin-c"} {
+		req := httptest.NewRequest(http.MethodPost, "/api/plugins", strings.NewReader(file))
+		req.Header.Set("X-User", "alice")
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		fmt.Println(file, rec.Code)
+	}
+	// Output:
+	// plugin-a 201
+	// not a plugin 400
+	// plugin-b 201
+	// plugin-c 429
+}

@@ -1,0 +1,521 @@
+package upload_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/upload"
+	"github.com/pglimit/pglimit/problem"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func userHeader(r *http.Request) (string, bool) {
+	u := r.Header.Get("X-User")
+	return u, u != ""
+}
+
+// plugins is the upload handler the tests wrap: body "bad" is a rejected
+// file (400), "panic" panics, "slow" waits for the client to go away, and
+// anything else is stored (201).
+type plugins struct {
+	stored atomic.Int64
+	// onStored, when set, runs in the handler of each stored upload.
+	onStored func(r *http.Request)
+}
+
+func (p *plugins) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the client went away mid-upload; nothing to answer
+	}
+	switch string(body) {
+	case "bad":
+		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file is not a plugin.")
+		return
+	case "panic":
+		panic("plugin parser crashed")
+	case "slow":
+		<-r.Context().Done()
+		return
+	case "500":
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	if p.onStored != nil {
+		p.onStored(r)
+	}
+	p.stored.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = io.WriteString(w, `{"id":"p1"}`)
+}
+
+func newLimiter(t testing.TB, pool *pgxpool.Pool, opts upload.Options) *upload.Limiter {
+	t.Helper()
+	if opts.User == nil {
+		opts.User = userHeader
+	}
+	l, err := upload.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+}
+
+func send(t testing.TB, h http.Handler, user, body string) response {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/api/plugins", strings.NewReader(body))
+	if user != "" {
+		req.Header.Set("X-User", user)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return decode(t, rec.Result())
+}
+
+func decode(t testing.TB, res *http.Response) response {
+	t.Helper()
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	r := response{status: res.StatusCode, header: res.Header}
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &r.body); err != nil {
+			t.Fatalf("body %q: %v", raw, err)
+		}
+	}
+	return r
+}
+
+func wantRefusal(limit int, window string, retry int) map[string]any {
+	return map[string]any{
+		"type":   "urn:pglimit:problem:too-many-uploads",
+		"title":  "Too many uploads",
+		"status": float64(429),
+		"detail": fmt.Sprintf("You made %d uploads in the last %s, your limit; the oldest of them leaves the window in %d seconds.",
+			limit, window, retry),
+		"instance":   "/api/plugins",
+		"limit":      float64(limit),
+		"retryAfter": float64(retry),
+	}
+}
+
+// checkRefusal compares a refusal field by field; Retry-After must agree
+// with retryAfter and be at most maxRetry.
+func checkRefusal(t *testing.T, got response, limit int, window string, maxRetry int) int {
+	t.Helper()
+	if got.status != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429; body %v", got.status, got.body)
+	}
+	retry, err := strconv.Atoi(got.header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > maxRetry {
+		t.Fatalf("Retry-After %q, want 1..%d", got.header.Get("Retry-After"), maxRetry)
+	}
+	if diff := cmp.Diff(wantRefusal(limit, window, retry), got.body); diff != "" {
+		t.Errorf("refusal body (-want +got):\n%s", diff)
+	}
+	return retry
+}
+
+func liveSlots(t testing.TB, pool *pgxpool.Pool, user string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope(user)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestLimitHoldsAcrossReplicas: 40 concurrent uploads of one user through
+// three replicas (three pools): exactly 5 are stored, 35 refused, and the
+// table (read by a separate connection) holds 5 slots.
+func TestLimitHoldsAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	p := &plugins{}
+	var servers []*httptest.Server
+	for i := 0; i < 3; i++ {
+		pool := pgtest.Pool(t, url, 8)
+		srv := httptest.NewServer(newLimiter(t, pool, upload.Options{Replica: fmt.Sprint("r", i)}).Handler(p))
+		t.Cleanup(srv.Close)
+		servers = append(servers, srv)
+	}
+	const n = 40
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		statuses = map[int]int{}
+		refusals []response
+		start    = make(chan struct{})
+	)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			req, _ := http.NewRequest(http.MethodPost, servers[i%3].URL+"/api/plugins", strings.NewReader("plugin"))
+			req.Header.Set("X-User", "alice")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got := decode(t, res)
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[got.status]++
+			if got.status == http.StatusTooManyRequests {
+				refusals = append(refusals, got)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if diff := cmp.Diff(map[int]int{201: 5, 429: n - 5}, statuses); diff != "" {
+		t.Fatalf("statuses (-want +got):\n%s", diff)
+	}
+	if s := p.stored.Load(); s != 5 {
+		t.Fatalf("%d uploads stored, want 5", s)
+	}
+	for _, r := range refusals {
+		checkRefusal(t, r, 5, "hour", 3600)
+	}
+	observer := pgtest.Pool(t, url, 1)
+	if got := liveSlots(t, observer, "alice"); got != 5 {
+		t.Fatalf("upload_window holds %d live slots of alice, want 5", got)
+	}
+}
+
+// TestRollingWindowBoundary: 5 per 2 s. After 5 uploads the sixth is
+// refused until the first leaves the window, on the database clock, and is
+// accepted right after.
+func TestRollingWindowBoundary(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	const window = 2 * time.Second
+	h := newLimiter(t, pool, upload.Options{Limit: 5, Window: window}).Handler(&plugins{})
+	for i := 0; i < 5; i++ {
+		if got := send(t, h, "bob", "plugin"); got.status != http.StatusCreated {
+			t.Fatalf("upload %d: %d", i+1, got.status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ctx := context.Background()
+	var first time.Time
+	if err := pool.QueryRow(ctx, `SELECT min(claimed_at) FROM upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	checkRefusal(t, send(t, h, "bob", "plugin"), 5, "2 seconds", 2)
+	var refusals int
+	for {
+		got := send(t, h, "bob", "plugin")
+		if got.status == http.StatusCreated {
+			break
+		}
+		checkRefusal(t, got, 5, "2 seconds", 2)
+		refusals++
+		if refusals > 100 {
+			t.Fatal("the sixth upload was never accepted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var sixth, dbNow time.Time
+	if err := pool.QueryRow(ctx, `SELECT max(claimed_at), now() FROM upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&sixth, &dbNow); err != nil {
+		t.Fatal(err)
+	}
+	if gap := sixth.Sub(first); gap < window {
+		t.Fatalf("the sixth upload was claimed %v after the first, inside the window of %v", gap, window)
+	} else if gap > window+time.Second {
+		t.Fatalf("the sixth upload waited %v, far beyond the window of %v", gap, window)
+	}
+	// The second oldest is still in the window: the seventh is refused.
+	checkRefusal(t, send(t, h, "bob", "plugin"), 5, "2 seconds", 1)
+}
+
+// TestRollingBoundUnderLoad hammers one user's uploads from three replicas
+// for three windows and records every stored upload's claimed_at from the
+// table itself (the database clock): no window-length interval ever holds
+// more than the limit, and the limit is reached in some.
+func TestRollingBoundUnderLoad(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	const (
+		limit  = 5
+		window = time.Second
+	)
+	observer := pgtest.Pool(t, url, 4)
+	var (
+		mu      sync.Mutex
+		claimed = map[uuid.UUID]time.Time{}
+	)
+	p := &plugins{onStored: func(r *http.Request) {
+		// This upload's own row is live now: collect every live row.
+		rows, err := observer.Query(r.Context(), `SELECT lease_id, claimed_at FROM upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope("carol"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id uuid.UUID
+			var at time.Time
+			if err := rows.Scan(&id, &at); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			claimed[id] = at
+			mu.Unlock()
+		}
+	}}
+	var handlers []http.Handler
+	for i := 0; i < 3; i++ {
+		pool := pgtest.Pool(t, url, 4)
+		handlers = append(handlers, newLimiter(t, pool, upload.Options{Limit: limit, Window: window}).Handler(p))
+	}
+	deadline := time.Now().Add(3*window + 300*time.Millisecond)
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for c := 0; c < 6; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				got := send(t, handlers[c%3], "carol", "plugin")
+				switch got.status {
+				case http.StatusCreated:
+				case http.StatusTooManyRequests:
+					refused.Add(1)
+				default:
+					t.Errorf("status %d", got.status)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	stored := int(p.stored.Load())
+	times := make([]time.Time, 0, len(claimed))
+	for _, at := range claimed {
+		times = append(times, at)
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	t.Logf("%d uploads stored over %v, %d refused", stored, 3*window, refused.Load())
+	if len(times) != stored {
+		t.Fatalf("observed %d claims for %d stored uploads", len(times), stored)
+	}
+	if stored < 3*limit {
+		t.Fatalf("only %d uploads in three windows: the window never rolled", stored)
+	}
+	for i := 0; i+limit < len(times); i++ {
+		if gap := times[i+limit].Sub(times[i]); gap < window {
+			t.Fatalf("%d uploads within %v (%v .. %v), limit %d per %v", limit+1, gap, times[i], times[i+limit], limit, window)
+		}
+	}
+	full := false
+	for i := 0; i+limit-1 < len(times); i++ {
+		if times[i+limit-1].Sub(times[i]) < window {
+			full = true
+		}
+	}
+	if !full {
+		t.Fatal("no window ever held the limit: the test proves nothing")
+	}
+}
+
+// TestUploadsThatDoNotCount: rejected files (400), server errors, panics
+// and clients that go away give their slot back; the allowance is intact.
+func TestUploadsThatDoNotCount(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewDB(t, 4)
+	p := &plugins{}
+	h := newLimiter(t, pool, upload.Options{Limit: 2}).Handler(p)
+	for i := 0; i < 5; i++ {
+		if got := send(t, h, "dave", "bad"); got.status != http.StatusBadRequest {
+			t.Fatalf("bad file: %d", got.status)
+		}
+		if got := send(t, h, "dave", "500"); got.status != http.StatusInternalServerError {
+			t.Fatalf("server error: %d", got.status)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the handler's panic was swallowed")
+				}
+			}()
+			send(t, h, "dave", "panic")
+		}()
+	}
+	if n := liveSlots(t, pool, "dave"); n != 0 {
+		t.Fatalf("%d slots held after uploads that did not count", n)
+	}
+
+	// Reading the upload fails (the client's connection broke) and the
+	// handler returns without a word, before the server noticed.
+	req := httptest.NewRequest(http.MethodPost, "/api/plugins", io.MultiReader(strings.NewReader("plu"), errReader{}))
+	req.Header.Set("X-User", "dave")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if n := liveSlots(t, pool, "dave"); n != 0 {
+		t.Fatalf("%d slots held after an upload whose body could not be read", n)
+	}
+
+	// Clients that go away: mid-body, and while the handler works.
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	for _, mode := range []string{"mid-body", "while handled"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		pr, pw := io.Pipe()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/api/plugins", pr)
+		req.Header.Set("X-User", "dave")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			res, err := http.DefaultClient.Do(req)
+			if err == nil {
+				res.Body.Close()
+			}
+		}()
+		if mode == "mid-body" {
+			_, _ = pw.Write([]byte("plu"))
+		} else {
+			_, _ = pw.Write([]byte("slow"))
+			pw.Close()
+		}
+		observer := pgtest.Pool(t, url, 1)
+		waitFor(t, func() bool { return liveSlots(t, observer, "dave") == 1 }, "the upload to claim its slot")
+		cancel()
+		pw.CloseWithError(errors.New("client gone"))
+		<-done
+		waitFor(t, func() bool { return liveSlots(t, observer, "dave") == 0 }, mode+": the slot to be given back")
+	}
+
+	for i := 0; i < 2; i++ {
+		if got := send(t, h, "dave", "plugin"); got.status != http.StatusCreated {
+			t.Fatalf("good upload %d after the failures: %d", i+1, got.status)
+		}
+	}
+	checkRefusal(t, send(t, h, "dave", "plugin"), 2, "hour", 3600)
+	if n := liveSlots(t, pool, "dave"); n != 2 {
+		t.Fatalf("%d slots, want 2", n)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCountsOption replaces the status rule.
+func TestCountsOption(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	h := newLimiter(t, pool, upload.Options{Limit: 1, Counts: func(int) bool { return true }}).Handler(&plugins{})
+	send(t, h, "erin", "bad")
+	checkRefusal(t, send(t, h, "erin", "plugin"), 1, "hour", 3600)
+}
+
+// TestNoUser and bad options.
+func TestNoUserAndOptions(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	h := newLimiter(t, pool, upload.Options{}).Handler(&plugins{})
+	got := send(t, h, "", "plugin")
+	want := map[string]any{"type": "urn:pglimit:problem:unauthorized", "title": "Unauthorized", "status": float64(401),
+		"detail": "Uploading needs an authenticated user."}
+	if diff := cmp.Diff(want, got.body); diff != "" || got.status != 401 {
+		t.Fatalf("no user: %d (-want +got):\n%s", got.status, diff)
+	}
+	for name, o := range map[string]upload.Options{
+		"no user":         {},
+		"negative limit":  {User: userHeader, Limit: -1},
+		"huge limit":      {User: userHeader, Limit: 1 << 20},
+		"negative window": {User: userHeader, Window: -time.Second},
+		"tiny window":     {User: userHeader, Window: time.Nanosecond},
+	} {
+		if _, err := upload.New(pool, o); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+	if _, err := upload.New(nil, upload.Options{User: userHeader}); err == nil {
+		t.Error("New accepted a nil pool")
+	}
+	l := newLimiter(t, pool, upload.Options{})
+	if l.Limit() != 5 || l.Window() != time.Hour {
+		t.Errorf("defaults %d %v", l.Limit(), l.Window())
+	}
+}
+
+// TestClaimAPI: the non-HTTP Claim and Release.
+func TestClaimAPI(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	l := newLimiter(t, pool, upload.Options{Limit: 1})
+	ctx := context.Background()
+	slot, err := l.Claim(ctx, "frank")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Claim(ctx, "frank")
+	var le *upload.LimitError
+	if !errors.Is(err, upload.ErrLimited) || !errors.As(err, &le) {
+		t.Fatalf("second claim: %v", err)
+	}
+	if le.Limit != 1 || le.Window != time.Hour || le.RetryAfter < 59*time.Minute || le.RetryAfter > time.Hour {
+		t.Fatalf("LimitError %+v", le)
+	}
+	if err := slot.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Claim(ctx, "frank"); err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+	if _, err := l.Claim(ctx, ""); err == nil {
+		t.Fatal("claim for an empty user")
+	}
+}
+
+func TestFormatWindow(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		time.Hour: "hour", 2 * time.Hour: "2 hours", 90 * time.Minute: "90 minutes", time.Minute: "minute",
+		2 * time.Second: "2 seconds", 1500 * time.Millisecond: "1.5s",
+	} {
+		if got := upload.FormatWindow(d); got != want {
+			t.Errorf("FormatWindow(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
