@@ -1,0 +1,624 @@
+package nodelimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"golang.org/x/time/rate"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/nodelimit"
+	"github.com/pglimit/pglimit/nodelimit/fakenode"
+	"github.com/pglimit/pglimit/nodelimit/jolokia"
+	"github.com/pglimit/pglimit/replica"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fixedReady is a ReadyCounter that answers n (or err) and counts its
+// reads.
+type fixedReady struct {
+	n     atomic.Int64
+	fail  atomic.Bool
+	reads atomic.Int64
+}
+
+func newFixed(n int) *fixedReady {
+	f := &fixedReady{}
+	f.n.Store(int64(n))
+	return f
+}
+
+func (f *fixedReady) ReadyReplicas(context.Context) (int, error) {
+	f.reads.Add(1)
+	if f.fail.Load() {
+		return 1, errors.New("database down")
+	}
+	return int(f.n.Load()), nil
+}
+
+func newLimiter(t testing.TB, opts nodelimit.Options) *nodelimit.Limiter {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	l, err := nodelimit.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l
+}
+
+func nodeOf(t testing.TB, l *nodelimit.Limiter, name string) *nodelimit.Node {
+	t.Helper()
+	n, err := l.Node(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func newFakeNode(t testing.TB, queues int) (*fakenode.Node, *httptest.Server) {
+	t.Helper()
+	fn, err := fakenode.New(fakenode.Options{Queues: queues})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(fn)
+	t.Cleanup(srv.Close)
+	return fn, srv
+}
+
+// rep is one stand-in replica: its own pool, registry, limiter and Jolokia
+// client of the shared fake node.
+type rep struct {
+	pool   *pgxpool.Pool
+	reg    *replica.Registry
+	lim    *nodelimit.Limiter
+	node   *nodelimit.Node
+	client *jolokia.Client
+}
+
+// startReplicas starts n replicas on the database at url, each registered
+// (heartbeat every interval) and limiting calls to the node at nodeURL to
+// its share of total, re-reading the ready count every refresh.
+func startReplicas(t *testing.T, url string, n int, total rate.Limit, nodeURL string, interval, refresh time.Duration) []*rep {
+	t.Helper()
+	ctx := context.Background()
+	reps := make([]*rep, n)
+	for i := range reps {
+		pool := pgtest.Pool(t, url, 2)
+		reg, err := replica.New(pool, replica.Options{Name: fmt.Sprintf("r%d", i), Interval: interval, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = reg.Stop(context.Background()) })
+		if err := reg.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lim := newLimiter(t, nodelimit.Options{Rate: total, Replicas: reg, Refresh: refresh})
+		node := nodeOf(t, lim, "fake")
+		client, err := jolokia.New(nodeURL, node, jolokia.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = &rep{pool: pool, reg: reg, lim: lim, node: node, client: client}
+	}
+	for _, r := range reps {
+		if err := r.lim.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return reps
+}
+
+// TestThreeReplicasKeepToTheNodeRate: three replicas registered on one
+// database share a node rate of 6: each takes 2 per second, and the node,
+// counting what it receives from all three under full load, sees no more
+// than 6 in any second once the first burst is past.
+func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	fn, srv := newFakeNode(t, 1)
+	reps := startReplicas(t, url, 3, 6, srv.URL, 200*time.Millisecond, 100*time.Millisecond)
+	for i, r := range reps {
+		if r.lim.ReadyReplicas() != 3 || r.node.Limit() != 2 || r.node.Burst() != 2 {
+			t.Fatalf("replica %d: ready %d, limit %v, burst %d; want 3, 2/s, 2", i, r.lim.ReadyReplicas(), r.node.Limit(), r.node.Burst())
+		}
+	}
+
+	// Full load: four workers per replica call as fast as they are let.
+	const seconds = 4
+	// A context canceled (not a deadline, which makes Wait refuse turns past
+	// it at once) when the load ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(seconds*time.Second+600*time.Millisecond, cancel)
+	var wg sync.WaitGroup
+	var unexpected atomic.Value
+	for _, r := range reps {
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					if _, err := r.client.Search(ctx, jolokia.QueuePattern); err != nil && ctx.Err() == nil {
+						unexpected.Store(err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if err := unexpected.Load(); err != nil {
+		t.Fatalf("a call failed: %v", err)
+	}
+
+	calls := fn.Calls()
+	if len(calls) == 0 {
+		t.Fatal("the node received nothing")
+	}
+	// Every replica's bucket starts full (2 calls at once when the load
+	// starts, t0) and then lets one call through every 500 ms after t0.
+	// Windows of one second starting 250 ms after t0 hold two of each
+	// replica's turns, far from their edges.
+	t0 := calls[0].At
+	burst := 0
+	for _, c := range calls {
+		if c.At.Before(t0.Add(250 * time.Millisecond)) {
+			burst++
+		}
+	}
+	perSecond := make([]int, seconds)
+	for _, c := range calls {
+		if k := int(c.At.Sub(t0.Add(250*time.Millisecond)) / time.Second); c.At.Sub(t0) >= 250*time.Millisecond && k < seconds {
+			perSecond[k]++
+		}
+	}
+	t.Logf("first burst %d calls, then per second %v (node stats: %s)", burst, perSecond, fn.Stats().Summary())
+	if burst > 6 {
+		t.Errorf("first burst: %d calls, want at most 6 (3 buckets of 2)", burst)
+	}
+	for k, n := range perSecond {
+		if n > 6 {
+			t.Errorf("second %d: the node received %d calls, more than its rate of 6", k+1, n)
+		}
+		if n < 5 {
+			t.Errorf("second %d: the node received %d calls; the load did not use the share (want 6)", k+1, n)
+		}
+	}
+}
+
+// TestShareFollowsReadyReplicas: when a replica stops heartbeating (its
+// database connection is gone) the others raise their share within about
+// 5 s; a replica that stops cleanly frees its share at the next refresh.
+func TestShareFollowsReadyReplicas(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	_, srv := newFakeNode(t, 1)
+	reps := startReplicas(t, url, 3, 6, srv.URL, 200*time.Millisecond, 100*time.Millisecond)
+	for _, r := range reps {
+		if r.node.Limit() != 2 {
+			t.Fatalf("limit %v with 3 ready, want 2", r.node.Limit())
+		}
+	}
+
+	reps[2].lim.Close()
+	reps[2].pool.Close() // r2's heartbeats fail from now on; its row lapses
+	start := time.Now()
+	waitFor(t, 5*time.Second, "r0 and r1 take 3/s each", func() bool {
+		return reps[0].node.Limit() == 3 && reps[1].node.Limit() == 3
+	})
+	t.Logf("share raised %v after r2 stopped heartbeating", time.Since(start).Round(10*time.Millisecond))
+	if reps[0].lim.ReadyReplicas() != 2 || reps[0].node.Burst() != 3 {
+		t.Fatalf("ready %d burst %d, want 2 and 3", reps[0].lim.ReadyReplicas(), reps[0].node.Burst())
+	}
+
+	if err := reps[1].reg.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "r0 takes the whole rate", func() bool { return reps[0].node.Limit() == 6 })
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRateBelowReplicas: a rate of 2 with 3 ready replicas gives each
+// replica 1 call per second (so the node can see 3: ADR-0196's stated
+// consequence). The second call of a replica comes a second after the
+// first, which Wait knows at once under a shorter deadline.
+func TestRateBelowReplicas(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	_, srv := newFakeNode(t, 1)
+	reps := startReplicas(t, url, 3, 2, srv.URL, time.Second, time.Second)
+	for i, r := range reps {
+		if r.node.Limit() != 1 || r.node.Burst() != 1 {
+			t.Fatalf("replica %d: limit %v burst %d, want 1/s and 1", i, r.node.Limit(), r.node.Burst())
+		}
+	}
+	n := reps[0].node
+	if err := n.Wait(context.Background(), nodelimit.KindSearch); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 900*time.Millisecond)
+	defer cancel()
+	if err := n.Wait(ctx, nodelimit.KindSearch); !errors.Is(err, nodelimit.ErrNoTurn) {
+		t.Fatalf("second call within 900 ms: %v, want ErrNoTurn (next turn a second after the first)", err)
+	}
+	// The other replicas each have their own call this second.
+	for _, r := range reps[1:] {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := r.node.Wait(ctx, nodelimit.KindSearch)
+		cancel()
+		if err != nil {
+			t.Fatalf("another replica's first call: %v", err)
+		}
+	}
+}
+
+func TestShare(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		total rate.Limit
+		ready int
+		want  rate.Limit
+	}{
+		{20, 1, 20}, {20, 3, 7}, {20, 4, 5}, {20, 20, 1}, {20, 40, 1},
+		{6, 3, 2}, {6, 2, 3}, {2, 3, 1}, {1, 5, 1}, {7, 0, 7}, {7, -2, 7},
+		{rate.Inf, 3, rate.Inf},
+	} {
+		if got := nodelimit.Share(tc.total, tc.ready); got != tc.want {
+			t.Errorf("Share(%v, %d) = %v, want %v", tc.total, tc.ready, got, tc.want)
+		}
+	}
+}
+
+// TestWaitEndsWithContext: a call whose context ends while it waits fails
+// at once with ErrNoTurn; a deadline before the turn fails without waiting;
+// neither is counted as a call.
+func TestWaitEndsWithContext(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	l := newLimiter(t, nodelimit.Options{Rate: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	n := nodeOf(t, l, "n")
+	if err := n.Wait(context.Background(), nodelimit.KindRead); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	err := n.Wait(ctx, nodelimit.KindRead)
+	waited := time.Since(start)
+	var we *nodelimit.WaitError
+	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Node != "n" || we.Kind != nodelimit.KindRead {
+		t.Fatalf("canceled while waiting: %v, want a *WaitError matching ErrNoTurn and context.Canceled", err)
+	}
+	if waited > 500*time.Millisecond {
+		t.Fatalf("canceled after 50 ms but Wait returned after %v (the turn was ~1 s away)", waited)
+	}
+
+	ctx, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	start = time.Now()
+	err = n.Wait(ctx, nodelimit.KindSearch)
+	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("deadline before the turn: %v, want ErrNoTurn and DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > 200*time.Millisecond {
+		t.Fatalf("a deadline before the turn should fail at once; waited %v", waited)
+	}
+	if !strings.Contains(err.Error(), `"n"`) {
+		t.Fatalf("error text %q does not name the node", err)
+	}
+
+	if got := collect(t, reader); !cmp.Equal(got, map[string]int64{"read": 1}) {
+		t.Fatalf("counted %v; want only the call that got its turn", got)
+	}
+}
+
+// collect returns studio.broker.calls by kind.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != nodelimit.MetricName {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok || !sum.IsMonotonic {
+				t.Fatalf("%s is %T, want a monotonic int64 sum", m.Name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
+				kind, _ := dp.Attributes.Value("kind")
+				if dp.Attributes.Len() != 1 {
+					t.Fatalf("data point attributes %v, want only kind", dp.Attributes.ToSlice())
+				}
+				got[kind.AsString()] += dp.Value
+			}
+		}
+	}
+	return got
+}
+
+// TestMetricCountsEachKind: listing 450 queues is one search and three
+// reads, and the counter says so by kind.
+func TestMetricCountsEachKind(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	_, srv := newFakeNode(t, 450)
+	c, err := jolokia.New(srv.URL, nodeOf(t, l, "fake"), jolokia.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := c.Queues(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(qs) != 450 {
+		t.Fatalf("%d queues, want 450", len(qs))
+	}
+	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 3}; !cmp.Equal(got, want) {
+		t.Fatalf("studio.broker.calls = %v, want %v", got, want)
+	}
+	if err := nodeOf(t, l, "other").Wait(context.Background(), nodelimit.KindRead); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 4}; !cmp.Equal(got, want) {
+		t.Fatalf("after a read on another node: %v, want %v", got, want)
+	}
+}
+
+// TestNoReadyCountPerCall: calls never read the ready count; only the
+// background refresh does.
+func TestNoReadyCountPerCall(t *testing.T) {
+	t.Parallel()
+	ready := newFixed(1)
+	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour})
+	// The background goroutine reads once at start, then every hour.
+	waitFor(t, 2*time.Second, "the first background read", func() bool { return ready.reads.Load() == 1 })
+	before := ready.reads.Load()
+	n := nodeOf(t, l, "n")
+	for range 10_000 {
+		if err := n.Wait(context.Background(), nodelimit.KindRead); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := ready.reads.Load(); after != before {
+		t.Fatalf("10,000 calls read the ready count %d times, want 0", after-before)
+	}
+}
+
+// TestRefresh: the background refresh follows the count at its interval,
+// and keeps the share in use when the count cannot be read.
+func TestRefresh(t *testing.T) {
+	t.Parallel()
+	ready := newFixed(4)
+	l := newLimiter(t, nodelimit.Options{Rate: 20, NodeRates: map[string]rate.Limit{"slow": 3}, Replicas: ready, Refresh: 20 * time.Millisecond})
+	fast, slow := nodeOf(t, l, "fast"), nodeOf(t, l, "slow")
+	waitFor(t, 2*time.Second, "first refresh", func() bool { return fast.Limit() == 5 })
+	if slow.Limit() != 1 || slow.Rate() != 3 || fast.Rate() != 20 {
+		t.Fatalf("slow node: limit %v rate %v; fast rate %v", slow.Limit(), slow.Rate(), fast.Rate())
+	}
+	ready.n.Store(2)
+	waitFor(t, 2*time.Second, "share follows 2 ready", func() bool { return fast.Limit() == 10 && slow.Limit() == 2 })
+	ready.fail.Store(true)
+	ready.n.Store(1)
+	reads := ready.reads.Load()
+	waitFor(t, 2*time.Second, "failed reads", func() bool { return ready.reads.Load() >= reads+3 })
+	if fast.Limit() != 10 || l.ReadyReplicas() != 2 {
+		t.Fatalf("after failed reads: limit %v ready %d; want the last good share (10, 2)", fast.Limit(), l.ReadyReplicas())
+	}
+	if err := l.Refresh(context.Background()); err == nil {
+		t.Fatal("Refresh hid the counter's error")
+	}
+	ready.fail.Store(false)
+	waitFor(t, 2*time.Second, "recovered", func() bool { return fast.Limit() == 20 })
+	if late := nodeOf(t, l, "late"); late.Limit() != 20 {
+		t.Fatalf("a node made after the refresh has limit %v, want 20", late.Limit())
+	}
+	if again := nodeOf(t, l, "fast"); again != fast {
+		t.Fatal("Node returned a second limiter for one node")
+	}
+	l.Close()
+	reads = ready.reads.Load()
+	time.Sleep(100 * time.Millisecond)
+	if ready.reads.Load() != reads {
+		t.Fatal("reads after Close")
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts nodelimit.Options
+		want string
+	}{
+		{"negative rate", nodelimit.Options{Rate: -1}, "whole number"},
+		{"fraction", nodelimit.Options{Rate: 0.5}, "whole number"},
+		{"not whole", nodelimit.Options{Rate: 2.5}, "whole number"},
+		{"NaN", nodelimit.Options{Rate: rate.Limit(math.NaN())}, "not a number"},
+		{"+Inf", nodelimit.Options{Rate: rate.Limit(math.Inf(1))}, "rate.Inf"},
+		{"-Inf", nodelimit.Options{Rate: rate.Limit(math.Inf(-1))}, "rate.Inf"},
+		{"too high", nodelimit.Options{Rate: 2_000_000}, "from 1 to"},
+		{"bad node rate", nodelimit.Options{NodeRates: map[string]rate.Limit{"b1": -3}}, `node "b1"`},
+		{"zero node rate", nodelimit.Options{NodeRates: map[string]rate.Limit{"b1": 0}}, `node "b1"`},
+		{"empty node name", nodelimit.Options{NodeRates: map[string]rate.Limit{"": 5}}, "empty name"},
+		{"negative refresh", nodelimit.Options{Refresh: -time.Second}, "negative refresh"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := nodelimit.New(tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || l != nil {
+				t.Fatalf("New = %v, %v; want an error containing %q", l, err, tc.want)
+			}
+		})
+	}
+	l := newLimiter(t, nodelimit.Options{})
+	if _, err := l.Node(""); err == nil {
+		t.Fatal("Node(\"\"): no error")
+	}
+	n := nodeOf(t, l, "n")
+	if n.Rate() != nodelimit.DefaultRate || n.Limit() != 20 || n.Burst() != 20 || l.ReadyReplicas() != 1 {
+		t.Fatalf("defaults: rate %v limit %v burst %d ready %d", n.Rate(), n.Limit(), n.Burst(), l.ReadyReplicas())
+	}
+	if err := n.Wait(context.Background(), "write"); err == nil || errors.Is(err, nodelimit.ErrNoTurn) {
+		t.Fatalf("unknown kind: %v", err)
+	}
+}
+
+func TestReadAll(t *testing.T) {
+	t.Parallel()
+	items := make([]int, 450)
+	for i := range items {
+		items[i] = i
+	}
+	var sizes []int
+	got, err := nodelimit.ReadAll(context.Background(), items, 0, func(_ context.Context, batch []int) ([]string, error) {
+		sizes = append(sizes, len(batch))
+		out := make([]string, len(batch))
+		for i, v := range batch {
+			out[i] = fmt.Sprint(v)
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cmp.Equal(sizes, []int{200, 200, 50}) {
+		t.Fatalf("batch sizes %v, want [200 200 50]", sizes)
+	}
+	for i, s := range got {
+		if s != fmt.Sprint(i) {
+			t.Fatalf("result %d is %q: order not kept", i, s)
+		}
+	}
+	if len(got) != 450 {
+		t.Fatalf("%d results", len(got))
+	}
+
+	calls := 0
+	none, err := nodelimit.ReadAll(context.Background(), []int{}, 0, func(context.Context, []int) ([]int, error) { calls++; return nil, nil })
+	if err != nil || len(none) != 0 || calls != 0 {
+		t.Fatalf("no items: %v, %v, %d calls", none, err, calls)
+	}
+
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		read func(context.Context, []int) ([]int, error)
+		want error
+	}{
+		{"short", func(_ context.Context, b []int) ([]int, error) { return b[1:], nil }, nodelimit.ErrBatchLength},
+		{"long", func(_ context.Context, b []int) ([]int, error) { return append(b, 0), nil }, nodelimit.ErrBatchLength},
+		{"error in the second batch", func(_ context.Context, b []int) ([]int, error) {
+			if b[0] == 200 {
+				return nil, boom
+			}
+			return b, nil
+		}, boom},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := nodelimit.ReadAll(context.Background(), items, 200, tc.read)
+			if !errors.Is(err, tc.want) || got != nil {
+				t.Fatalf("ReadAll = %d results, %v; want %v", len(got), err, tc.want)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := nodelimit.ReadAll(ctx, items, 200, func(_ context.Context, b []int) ([]int, error) { return b, nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended context: %v", err)
+	}
+}
+
+// BenchmarkWait measures the limiter's own cost per call with an unlimited
+// rate, beside a plain rate.Limiter in the same run. The limiter reads the
+// ready count from a real registry in the background; the benchmark fails
+// if any call reads it.
+func BenchmarkWait(b *testing.B) {
+	url := pgtest.URL(b)
+	pool := pgtest.Pool(b, url, 2)
+	reg, err := replica.New(pool, replica.Options{Name: "bench", Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := reg.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = reg.Stop(context.Background()) })
+	ready := &countingReady{inner: reg}
+	noop := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour})
+	sdk := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))})
+	for ready.reads.Load() < 2 { // the first background read of each
+		time.Sleep(time.Millisecond)
+	}
+	before := ready.reads.Load()
+
+	run := func(name string, call func() error) {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := call(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	nNoop, nSDK := nodeOf(b, noop, "n"), nodeOf(b, sdk, "n")
+	run("Node.Wait/inf/global-meter", func() error { return nNoop.Wait(ctx, nodelimit.KindRead) })
+	run("Node.Wait/inf/sdk-meter", func() error { return nSDK.Wait(ctx, nodelimit.KindRead) })
+	plain := rate.NewLimiter(rate.Inf, 1)
+	run("baseline/rate.Limiter.Allow/inf", func() error {
+		if !plain.Allow() {
+			return errors.New("refused")
+		}
+		return nil
+	})
+	run("baseline/rate.Limiter.Wait/inf", func() error { return plain.Wait(ctx) })
+	if after := ready.reads.Load(); after != before {
+		b.Fatalf("calls read the ready count %d times", after-before)
+	}
+}
+
+type countingReady struct {
+	inner nodelimit.ReadyCounter
+	reads atomic.Int64
+}
+
+func (c *countingReady) ReadyReplicas(ctx context.Context) (int, error) {
+	c.reads.Add(1)
+	return c.inner.ReadyReplicas(ctx)
+}
