@@ -1,0 +1,346 @@
+// Package readroute sends the heavy history reads of a service to a read
+// replica when there is one and it answers, and to the primary otherwise
+// (ADR-0196 decision 3).
+//
+// A Router holds the primary pool and an optional replica pool. Its
+// Handler wraps the endpoints whose reads may be served by the replica
+// (audit, event and alert history, the audit export); a wrapped handler
+// takes the pool to read with FromContext, or better runs its read through
+// Read, and says in its response whether the replica served it:
+//
+//	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
+//		rows, err = queries.EventPage(ctx, pool, ...)
+//		return err
+//	})
+//	...
+//	json.NewEncoder(w).Encode(Response{Items: rows, MayLag: readroute.MayLag(ctx)})
+//
+// A replica is committed data a little late, so a response it served
+// carries "mayLag": true, and the UI shows a short notice.
+//
+// # Health
+//
+// A background checker (Start) pings the replica every Interval (1 s) with
+// a short Timeout (500 ms). While the replica answers, reads go to it; when
+// a ping fails, reads go to the primary (mayLag false) until a ping answers
+// again. Nothing on the request path touches the database: the health is
+// read from memory. A replica that goes down between two pings is caught
+// by Read: a connection-class error (dberr.IsUnavailable) from the replica
+// marks it down at once and the read is retried, once, on the primary, so
+// the request still succeeds. A replica that was promoted (no longer in
+// recovery) is still read: the check only requires that it answers.
+//
+// # What is never read on the replica
+//
+// The limit tables (heavy_permit, request_in_flight, upload_window,
+// login_attempt) are UNLOGGED, and UNLOGGED tables are not replicated: on a
+// replica they are empty, or an error. Permits, throttles and counters are
+// always claimed and read on the primary (middleware/heavy and the others
+// are given the primary pool), and the Router hands out the replica only to
+// the handlers it wraps. Wrap only handlers that read domain history, never
+// one that writes or reads a limit table.
+//
+// A Router is safe for concurrent use.
+package readroute
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/dberr"
+)
+
+// Defaults of Options.
+const (
+	DefaultInterval = time.Second
+	DefaultTimeout  = 500 * time.Millisecond
+)
+
+// Options configure a Router.
+type Options struct {
+	// Interval is the time between two health checks of the replica.
+	// Default 1s (DefaultInterval).
+	Interval time.Duration
+	// Timeout bounds one health check. Default 500ms (DefaultTimeout), and
+	// never more than Interval.
+	Timeout time.Duration
+	// Probe checks the replica: a nil error means it may be read. Default:
+	// one SELECT 1 (db.SessionPing) on the replica pool.
+	Probe func(ctx context.Context, replica *pgxpool.Pool) error
+	// Logger receives the replica's health changes. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Router chooses the pool each wrapped request reads with. It is safe for
+// concurrent use.
+type Router struct {
+	primary, replica *pgxpool.Pool
+	interval         time.Duration
+	timeout          time.Duration
+	probe            func(context.Context, *pgxpool.Pool) error
+	log              *slog.Logger
+
+	healthy atomic.Bool
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// New returns a Router reading from replica when it is healthy and from
+// primary otherwise. replica may be nil: every read then goes to the
+// primary and Start starts nothing. Until Start has checked the replica,
+// reads go to the primary. The Router does not own the pools: close them
+// after Close.
+func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
+	if primary == nil {
+		return nil, errors.New("readroute: nil primary pool")
+	}
+	if opts.Interval < 0 || opts.Timeout < 0 {
+		return nil, errors.New("readroute: negative Interval or Timeout")
+	}
+	if opts.Interval == 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	opts.Timeout = min(opts.Timeout, opts.Interval)
+	if opts.Probe == nil {
+		opts.Probe = ping
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Router{primary: primary, replica: replica, interval: opts.Interval, timeout: opts.Timeout,
+		probe: opts.Probe, log: opts.Logger}, nil
+}
+
+var queries = db.New()
+
+func ping(ctx context.Context, replica *pgxpool.Pool) error { return queries.SessionPing(ctx, replica) }
+
+// Start checks the replica once (waiting at most Timeout) and then every
+// Interval in the background, until Close. Without a replica it does
+// nothing. Calling it again, or after Close, does nothing.
+func (r *Router) Start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.replica == nil || r.started || r.closed {
+		return
+	}
+	r.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan struct{})
+	r.check(ctx)
+	go r.run(ctx, r.done)
+}
+
+// Close stops the health checker and waits for it; reads then go to the
+// primary. It does not close the pools. Calling it again does nothing.
+func (r *Router) Close() {
+	r.mu.Lock()
+	r.closed = true
+	cancel, done := r.cancel, r.done
+	r.cancel, r.done = nil, nil
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	r.healthy.Store(false)
+}
+
+func (r *Router) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.check(ctx)
+		}
+	}
+}
+
+// Check probes the replica now, records the result and reports whether
+// the replica may be read. Without a replica it reports false.
+func (r *Router) Check(ctx context.Context) bool {
+	if r.replica == nil {
+		return false
+	}
+	return r.check(ctx)
+}
+
+func (r *Router) check(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	err := r.probe(ctx, r.replica)
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		// Closing, not a failed check.
+		return r.healthy.Load()
+	}
+	r.setHealthy(err == nil, err)
+	return err == nil
+}
+
+func (r *Router) setHealthy(ok bool, err error) {
+	if r.healthy.Swap(ok) == ok {
+		return
+	}
+	if ok {
+		r.log.Info("readroute: replica answers; history reads go to it")
+	} else {
+		r.log.Warn("readroute: replica does not answer; history reads go to the primary", "err", err)
+	}
+}
+
+// Healthy reports whether a replica is configured and answered its last
+// check, i.e. whether reads go to it now. It reads memory only, for /readyz
+// or an operator view. A replica that is down does not make the service
+// unready: reads fall back to the primary.
+func (r *Router) Healthy() bool { return r.replica != nil && r.healthy.Load() }
+
+// HasReplica reports whether a replica is configured.
+func (r *Router) HasReplica() bool { return r.replica != nil }
+
+// Pick returns the pool to read with now: the replica (mayLag true) when it
+// is healthy, else the primary (mayLag false).
+func (r *Router) Pick() (pool *pgxpool.Pool, mayLag bool) {
+	if r.Healthy() {
+		return r.replica, true
+	}
+	return r.primary, false
+}
+
+// Primary returns the primary pool.
+func (r *Router) Primary() *pgxpool.Pool { return r.primary }
+
+// route is the read route of one request.
+type route struct {
+	router *Router
+
+	mu      sync.Mutex
+	pool    *pgxpool.Pool
+	replica bool // pool is the replica
+	lagged  bool // the replica served (or was handed out to) this request
+}
+
+type routeKey struct{}
+
+// NewContext returns ctx carrying a read route chosen now (Pick), for work
+// outside a wrapped handler: FromContext, Read and MayLag then work on it.
+func (r *Router) NewContext(ctx context.Context) context.Context {
+	pool, lag := r.Pick()
+	return context.WithValue(ctx, routeKey{}, &route{router: r, pool: pool, replica: lag})
+}
+
+// Handler chooses the pool for each request of next, from memory, and
+// passes it in the request's context (FromContext, Read, MayLag).
+func (r *Router) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		next.ServeHTTP(w, req.WithContext(r.NewContext(req.Context())))
+	})
+}
+
+func routeOf(ctx context.Context) *route {
+	rt, _ := ctx.Value(routeKey{}).(*route)
+	return rt
+}
+
+// FromContext returns the pool the request of ctx reads with and whether
+// it may lag (it is the replica). Outside a wrapped request it returns nil,
+// false. Handing out the replica counts as reading it: MayLag then reports
+// true. Prefer Read, which also survives a replica that fails mid-request.
+func FromContext(ctx context.Context) (pool *pgxpool.Pool, mayLag bool) {
+	rt := routeOf(ctx)
+	if rt == nil {
+		return nil, false
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.replica {
+		rt.lagged = true
+	}
+	return rt.pool, rt.replica
+}
+
+// MayLag reports whether the replica served reads of the request of ctx:
+// put it in the response as "mayLag". False outside a wrapped request.
+func MayLag(ctx context.Context) bool {
+	rt := routeOf(ctx)
+	if rt == nil {
+		return false
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.lagged
+}
+
+// ErrNoRoute is returned by Read outside a request wrapped by a Router's
+// Handler (or a context from NewContext).
+var ErrNoRoute = errors.New("readroute: no read route in the context")
+
+// Read runs fn with the pool the request of ctx reads with. When fn fails
+// on the replica with a connection-class error (dberr.IsUnavailable), the
+// replica is marked down, the request moves to the primary for good, and
+// fn runs once more there with mayLag false: a read that races the health
+// check still succeeds. fn may therefore run twice; it must not have
+// written to the client before it returns an error.
+func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) error {
+	rt := routeOf(ctx)
+	if rt == nil {
+		return ErrNoRoute
+	}
+	rt.mu.Lock()
+	pool, replica := rt.pool, rt.replica
+	rt.mu.Unlock()
+	err := fn(pool, replica)
+	if !replica {
+		return err
+	}
+	if err == nil {
+		rt.mu.Lock()
+		rt.lagged = true
+		rt.mu.Unlock()
+		return nil
+	}
+	if !rt.router.shouldFallBack(ctx, err) {
+		return err
+	}
+	rt.mu.Lock()
+	rt.pool, rt.replica = rt.router.primary, false
+	rt.mu.Unlock()
+	return fn(rt.router.primary, false)
+}
+
+// Read runs fn with the pool Pick chooses, for callers outside a wrapped
+// request, and falls back to the primary as the package-level Read does.
+// It reports whether the replica served the read.
+func (r *Router) Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) (mayLag bool, err error) {
+	ctx = r.NewContext(ctx)
+	err = Read(ctx, fn)
+	return MayLag(ctx), err
+}
+
+// shouldFallBack marks the replica down when err says it cannot be reached,
+// and reports whether the read should run again on the primary.
+func (r *Router) shouldFallBack(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || !dberr.IsUnavailable(err) {
+		return false
+	}
+	r.setHealthy(false, err)
+	return true
+}
