@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"golang.org/x/time/rate"
 
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/nodelimit/fakenode"
@@ -608,6 +609,8 @@ func BenchmarkWait(b *testing.B) {
 		return nil
 	})
 	run("baseline/rate.Limiter.Wait/inf", func() error { return plain.Wait(ctx) })
+	// What a database round trip per call (the rejected alternative) costs.
+	run("avoided/db.SessionPing", func() error { return db.New().SessionPing(ctx, pool) })
 	if after := ready.reads.Load(); after != before {
 		b.Fatalf("calls read the ready count %d times", after-before)
 	}
