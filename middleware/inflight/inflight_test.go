@@ -1,0 +1,455 @@
+package inflight_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/inflight"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// tokenID stands in for the application's authentication: it maps the
+// bearer token to the token's id, the only thing the limiter sees.
+func tokenID(r *http.Request) (string, bool) {
+	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || raw == "" {
+		return "", false
+	}
+	return "id-of-" + raw, true
+}
+
+func newLimiter(t testing.TB, pool *pgxpool.Pool, opts inflight.Options) *inflight.Limiter {
+	t.Helper()
+	if opts.Key == nil {
+		opts.Key = tokenID
+	}
+	l, err := inflight.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+}
+
+func decode(t testing.TB, res *http.Response) response {
+	t.Helper()
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	r := response{status: res.StatusCode, header: res.Header}
+	if len(raw) > 0 && strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
+		if err := json.Unmarshal(raw, &r.body); err != nil {
+			t.Fatalf("body %q: %v", raw, err)
+		}
+	}
+	return r
+}
+
+func call(t testing.TB, h http.Handler, token string) response {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/api/audit", nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return decode(t, rec.Result())
+}
+
+func checkRefusal(t *testing.T, got response, limit, maxRetry int) {
+	t.Helper()
+	if got.status != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429", got.status)
+	}
+	retry, err := strconv.Atoi(got.header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > maxRetry {
+		t.Fatalf("Retry-After %q, want 1..%d", got.header.Get("Retry-After"), maxRetry)
+	}
+	want := map[string]any{
+		"type":       "urn:pglimit:problem:too-many-requests-in-flight",
+		"title":      "Too many requests in flight",
+		"status":     float64(429),
+		"detail":     fmt.Sprintf("This token already has %d requests in flight, its limit; retry when one ends.", limit),
+		"instance":   "/api/audit",
+		"limit":      float64(limit),
+		"retryAfter": float64(retry),
+	}
+	if diff := cmp.Diff(want, got.body); diff != "" {
+		t.Errorf("refusal body (-want +got):\n%s", diff)
+	}
+}
+
+// peak keeps the highest value it was shown.
+type peak struct{ v atomic.Int64 }
+
+func (p *peak) see(n int64) {
+	for {
+		cur := p.v.Load()
+		if n <= cur || p.v.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// rowObserver polls request_in_flight from a connection of its own and
+// keeps the most live rows of scope it saw at once.
+func rowObserver(t *testing.T, url, scope string) (max *peak, stop func()) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	max = &peak{}
+	done := make(chan struct{})
+	quit := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer conn.Close(context.Background())
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			var n int64
+			if err := conn.QueryRow(context.Background(),
+				`SELECT count(*) FROM request_in_flight WHERE scope = $1 AND expires_at > now()`, scope).Scan(&n); err == nil {
+				max.see(n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return max, func() { close(quit); <-done }
+}
+
+func liveRows(t testing.TB, pool *pgxpool.Pool, key string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope(key)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCapHoldsAcrossReplicas sends bursts of one token's requests through
+// three replicas (three pools). Two independent observers — the handlers
+// counting themselves running, and a separate connection counting the
+// token's rows — never see more than the limit at once, and both see it
+// reached.
+func TestCapHoldsAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	const limit = 3
+	var running atomic.Int64
+	handlerPeak := &peak{}
+	work := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handlerPeak.see(running.Add(1))
+		time.Sleep(40 * time.Millisecond)
+		running.Add(-1)
+		w.WriteHeader(http.StatusOK)
+	})
+	var servers []*httptest.Server
+	for i := 0; i < 3; i++ {
+		pool := pgtest.Pool(t, url, 8)
+		srv := httptest.NewServer(newLimiter(t, pool, inflight.Options{Limit: limit, Replica: fmt.Sprint("r", i)}).Handler(work))
+		t.Cleanup(srv.Close)
+		servers = append(servers, srv)
+	}
+	rowPeak, stop := rowObserver(t, url, inflight.Scope("id-of-alice-token"))
+	var (
+		mu       sync.Mutex
+		statuses = map[int]int{}
+		refusals []response
+	)
+	for round := 0; round < 5; round++ {
+		var wg sync.WaitGroup
+		for i := 0; i < 24; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest(http.MethodGet, servers[i%3].URL+"/api/audit", nil)
+				req.Header.Set("Authorization", "Bearer alice-token")
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got := decode(t, res)
+				mu.Lock()
+				defer mu.Unlock()
+				statuses[got.status]++
+				if got.status == http.StatusTooManyRequests {
+					refusals = append(refusals, got)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	stop()
+	t.Logf("statuses %v; peak running in handlers %d, peak rows %d", statuses, handlerPeak.v.Load(), rowPeak.v.Load())
+	if statuses[200]+statuses[429] != 120 {
+		t.Fatalf("statuses %v", statuses)
+	}
+	if h, r := handlerPeak.v.Load(), rowPeak.v.Load(); h > limit || r > limit {
+		t.Fatalf("peak in handlers %d, peak rows %d: above the limit %d", h, r, limit)
+	} else if h < limit || r < limit || statuses[429] == 0 {
+		t.Fatalf("the limit was never reached (handlers %d, rows %d, refused %d): the test proves nothing", h, r, statuses[429])
+	}
+	for _, r := range refusals {
+		checkRefusal(t, r, limit, 150)
+	}
+	if n := liveRows(t, pgtest.Pool(t, url, 1), "id-of-alice-token"); n != 0 {
+		t.Fatalf("%d rows left after every request ended", n)
+	}
+}
+
+// TestReleasedOnPanicAndDisconnect: a handler that panics and a client
+// that goes away both free their slot at once.
+func TestReleasedOnPanicAndDisconnect(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	var mode atomic.Value
+	started := make(chan struct{}, 1)
+	ended := make(chan struct{}, 1)
+	h := newLimiter(t, pool, inflight.Options{Limit: 1}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case "panic":
+			panic("handler bug")
+		case "wait":
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second): // a broken limiter must fail the test, not hang it
+			}
+			select {
+			case ended <- struct{}{}:
+			default:
+			}
+		}
+	}))
+	mode.Store("panic")
+	for i := 0; i < 3; i++ {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the panic was swallowed")
+				}
+			}()
+			call(t, h, "bob-token")
+		}()
+		if n := liveRows(t, pool, "id-of-bob-token"); n != 0 {
+			t.Fatalf("after a panic %d rows are held", n)
+		}
+	}
+
+	mode.Store("wait")
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/api/audit", nil)
+	req.Header.Set("Authorization", "Bearer bob-token")
+	go func() {
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			res.Body.Close()
+		}
+	}()
+	<-started
+	if n := liveRows(t, pool, "id-of-bob-token"); n != 1 {
+		t.Fatalf("while the request runs %d rows, want 1", n)
+	}
+	checkRefusal(t, call(t, h, "bob-token"), 1, 150)
+	cancel()
+	<-ended
+	deadline := time.Now().Add(5 * time.Second)
+	for liveRows(t, pool, "id-of-bob-token") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot of a client that went away was not released")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mode.Store("")
+	if got := call(t, h, "bob-token"); got.status != http.StatusOK {
+		t.Fatalf("after the disconnect: %d", got.status)
+	}
+}
+
+// TestVanishedHolderLapses: a replica that dies holding a slot (its pool
+// closed without a release) holds it until MaxDuration + grace on the
+// database clock, and not longer. The real grace is 30 s; the test
+// shortens it.
+func TestVanishedHolderLapses(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	dying := pgtest.Pool(t, url, 1)
+	alive := pgtest.Pool(t, url, 1)
+	const (
+		maxDur = 300 * time.Millisecond
+		grace  = 400 * time.Millisecond
+	)
+	opts := inflight.Options{Key: tokenID, Limit: 1, MaxDuration: maxDur}
+	dl, err := inflight.NewWithGrace(dying, opts, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := inflight.NewWithGrace(alive, opts, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dl.Acquire(context.Background(), "id-of-carol-token", "GET /api/flow"); err != nil {
+		t.Fatal(err)
+	}
+	claimed := time.Now()
+	dying.Close() // the replica is gone; its slot was never released
+	h := al.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	checkRefusal(t, call(t, h, "carol-token"), 1, 1)
+	for {
+		got := call(t, h, "carol-token")
+		if got.status == http.StatusOK {
+			break
+		}
+		checkRefusal(t, got, 1, 1)
+		if time.Since(claimed) > maxDur+grace+2*time.Second {
+			t.Fatalf("slot still held %v after the claim", time.Since(claimed))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if waited := time.Since(claimed); waited < maxDur+grace-100*time.Millisecond {
+		t.Fatalf("slot free after %v, before MaxDuration + grace = %v", waited, maxDur+grace)
+	}
+}
+
+// TestLeaseIsMaxDurationPlus30s reads a live row: it lapses 30 s after the
+// request's maximum duration; the handler's context ends at MaxDuration.
+func TestLeaseIsMaxDurationPlus30s(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	const maxDur = 45 * time.Second
+	var lease time.Duration
+	var deadline time.Duration
+	h := newLimiter(t, pool, inflight.Options{MaxDuration: maxDur}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := r.Context().Deadline()
+		deadline = time.Until(d)
+		var ms int64
+		if err := pool.QueryRow(r.Context(), `SELECT (extract(epoch FROM expires_at - claimed_at) * 1000)::bigint FROM request_in_flight`).Scan(&ms); err != nil {
+			t.Error(err)
+		}
+		lease = time.Duration(ms) * time.Millisecond
+	}))
+	if got := call(t, h, "dave-token"); got.status != http.StatusOK {
+		t.Fatalf("status %d", got.status)
+	}
+	if lease != maxDur+30*time.Second {
+		t.Errorf("lease %v, want %v", lease, maxDur+30*time.Second)
+	}
+	if deadline > maxDur || deadline < maxDur-5*time.Second {
+		t.Errorf("handler deadline in %v, want about %v", deadline, maxDur)
+	}
+}
+
+// TestNoTokenAndOptions: a request without a token identity is 401; bad
+// options are refused by New.
+func TestNoTokenAndOptions(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	h := newLimiter(t, pool, inflight.Options{}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("handler ran without a token")
+	}))
+	for _, token := range []string{"", " "} {
+		req := httptest.NewRequest(http.MethodGet, "/api/audit", nil)
+		if token != "" {
+			req.Header.Set("Authorization", token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		got := decode(t, rec.Result())
+		want := map[string]any{"type": "urn:pglimit:problem:unauthorized", "title": "Unauthorized", "status": float64(401),
+			"detail": "This endpoint needs an API token."}
+		if diff := cmp.Diff(want, got.body); diff != "" || got.status != 401 {
+			t.Errorf("token %q: %d (-want +got):\n%s", token, got.status, diff)
+		}
+	}
+	for name, o := range map[string]inflight.Options{
+		"no key":            {},
+		"negative limit":    {Key: tokenID, Limit: -2},
+		"huge limit":        {Key: tokenID, Limit: 1 << 20},
+		"negative duration": {Key: tokenID, MaxDuration: -time.Second},
+		"tiny duration":     {Key: tokenID, MaxDuration: time.Microsecond},
+	} {
+		if _, err := inflight.New(pool, o); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+	if _, err := inflight.New(nil, inflight.Options{Key: tokenID}); err == nil {
+		t.Error("New accepted a nil pool")
+	}
+	l := newLimiter(t, pool, inflight.Options{})
+	if l.Limit() != 8 || l.MaxDuration() != 2*time.Minute {
+		t.Errorf("defaults %d %v", l.Limit(), l.MaxDuration())
+	}
+}
+
+// TestAcquireAPI: the non-HTTP Acquire and Release.
+func TestAcquireAPI(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	l := newLimiter(t, pool, inflight.Options{Limit: 1, MaxDuration: 10 * time.Second})
+	ctx := context.Background()
+	p, err := l.Acquire(ctx, "job-runner", "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Acquire(ctx, "job-runner", "nightly")
+	var le *inflight.LimitError
+	if !errors.Is(err, inflight.ErrLimited) || !errors.As(err, &le) {
+		t.Fatalf("second acquire: %v", err)
+	}
+	if le.Limit != 1 || le.RetryAfter < 9*time.Second || le.RetryAfter > 10*time.Second {
+		t.Fatalf("LimitError %+v", le)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, "job-runner", "nightly"); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	if _, err := l.Acquire(ctx, "", "x"); err == nil {
+		t.Fatal("empty key accepted")
+	}
+}
+
+// TestTokenKey never stores the raw token.
+func TestTokenKey(t *testing.T) {
+	t.Parallel()
+	k := inflight.TokenKey("alice-token")
+	if strings.Contains(k, "alice-token") || !strings.HasPrefix(k, "sha256:") || len(k) != len("sha256:")+32 {
+		t.Fatalf("TokenKey = %q", k)
+	}
+	if k == inflight.TokenKey("bob-token") || k != inflight.TokenKey("alice-token") {
+		t.Fatal("TokenKey is not a function of the token")
+	}
+}
