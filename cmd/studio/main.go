@@ -102,6 +102,7 @@ func run(args []string) error {
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
+	a.Drain(shutCtx)
 	if err := srv.Shutdown(shutCtx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}

@@ -6,6 +6,8 @@ package replicaset
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -110,6 +112,11 @@ func Start(ctx context.Context, opts Options) ([]*Proc, error) {
 		}
 		opts.LogDir = d
 	}
+	// Replicas of one installation share the key that signs paging
+	// cursors, as an operator configures them.
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	opts.Args = append([]string{"-cursor-key", base64.StdEncoding.EncodeToString(key)}, opts.Args...)
 	procs := make([]*Proc, opts.N)
 	for i := range procs {
 		port, err := FreePort()

@@ -17,9 +17,17 @@ import (
 
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
+	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/readroute"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/middleware/upload"
+	"github.com/pglimit/pglimit/nodelimit"
+	"github.com/pglimit/pglimit/nodelimit/jolokia"
 	"github.com/pglimit/pglimit/problem"
+	"github.com/pglimit/pglimit/replica"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
@@ -34,10 +42,19 @@ type App struct {
 	limit *db.Queries
 
 	heavy     *heavy.Limiter
+	signin    *signin.Limiter
+	uploads   *upload.Limiter
+	inflight  *inflight.Limiter
 	endpoints endpoints
+	pager     *cursor.Pager
 
 	meters   metric.MeterProvider
-	registry *prometheus.Registry
+	promReg  *prometheus.Registry
+	registry *replica.Registry
+
+	router    *readroute.Router
+	nodeLimit *nodelimit.Limiter
+	nodes     map[string]*jolokia.Client
 
 	consoleRole bool
 	background  []func(context.Context)
@@ -107,6 +124,34 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.setupLimits(); err != nil {
 		return nil, err
 	}
+	a.registry, err = replica.New(a.primary, replica.Options{Name: cfg.ReplicaName, Interval: cfg.HeartbeatInterval, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := a.registry.Start(ctx); err != nil {
+		log.Warn("first heartbeat failed; retrying in the background", "err", err)
+	}
+	a.background = append(a.background, func(ctx context.Context) {
+		<-ctx.Done()
+		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.registry.Stop(stopCtx); err != nil {
+			log.Warn("replica registry stop", "err", err)
+		}
+	})
+	if err := a.setupNodes(); err != nil {
+		return nil, err
+	}
+	// The first share of each node's rate follows the registry at once.
+	if err := a.nodeLimit.Refresh(ctx); err != nil {
+		log.Warn("ready replicas not read yet", "err", err)
+	}
+	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	a.router.Start()
+	a.closers = append(a.closers, a.router.Close)
 	a.handler = a.routes()
 	ok = true
 	return a, nil
@@ -129,8 +174,8 @@ func openPool(ctx context.Context, url string, maxConns int, appName string) (*p
 }
 
 func (a *App) setupMetrics() error {
-	a.registry = prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(a.registry))
+	a.promReg = prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(a.promReg))
 	if err != nil {
 		return err
 	}
@@ -150,12 +195,56 @@ func (a *App) setupLimits() error {
 		alerts:     heavy.Endpoint{Name: "alert-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
 		flow:       heavy.Endpoint{Name: "flow-graph", PerUser: cfg.FlowCap, Time: cfg.FlowTime},
 	}
+	var codec *cursor.Codec
+	if cfg.CursorKey != "" {
+		key, err := cursor.ParseKey(cfg.CursorKey)
+		if err != nil {
+			return fmt.Errorf("-cursor-key: %w", err)
+		}
+		if codec, err = cursor.NewCodec(key); err != nil {
+			return err
+		}
+	} else {
+		a.log.Warn("no -cursor-key: paging cursors are signed with a random key of this process; replicas must share one -cursor-key (or CURSOR_KEY), or a cursor from one is refused by another")
+	}
 	var err error
+	if a.pager, err = cursor.NewPager(codec, cursor.Rules{}); err != nil {
+		return err
+	}
 	a.heavy, err = heavy.New(a.primary, heavy.Options{
 		User:            userOf,
 		InstallationCap: heavy.DefaultInstallationCap(int32(cfg.PoolMaxConns)),
 		Replica:         cfg.ReplicaName,
 		Logger:          a.log,
+	})
+	if err != nil {
+		return err
+	}
+	a.signin, err = signin.New(a.primary, signin.Options{
+		MaxFailures: cfg.SignInFailures,
+		Window:      cfg.SignInWindow,
+		Strict:      cfg.SignInStrict,
+		Logger:      a.log,
+	})
+	if err != nil {
+		return err
+	}
+	a.uploads, err = upload.New(a.primary, upload.Options{
+		User:    userOf,
+		Limit:   cfg.UploadsPerHour,
+		Window:  cfg.UploadWindow,
+		Replica: cfg.ReplicaName,
+		Logger:  a.log,
+	})
+	if err != nil {
+		return err
+	}
+	a.inflight, err = inflight.New(a.primary, inflight.Options{
+		Key:         tokenOf,
+		Limit:       cfg.TokenInFlight,
+		MaxDuration: cfg.MaxRequestTime,
+		Replica:     cfg.ReplicaName,
+		Logger:      a.log,
 	})
 	return err
 }
@@ -178,6 +267,14 @@ func (a *App) Run(ctx context.Context) {
 	}
 }
 
+// Drain marks this replica not ready in the registry while it finishes the
+// requests it has: the other replicas stop counting it at once.
+func (a *App) Drain(ctx context.Context) {
+	if err := a.registry.Drain(ctx); err != nil {
+		a.log.Warn("drain", "err", err)
+	}
+}
+
 // Close releases the pools and the metric provider.
 func (a *App) Close() {
 	for i := len(a.closers) - 1; i >= 0; i-- {
@@ -188,7 +285,7 @@ func (a *App) Close() {
 
 // metricsHandler serves the OpenTelemetry metrics in Prometheus text.
 func (a *App) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(a.promReg, promhttp.HandlerOpts{})
 }
 
 // ServeHTTP answers requests no route takes (404, 405) with problem

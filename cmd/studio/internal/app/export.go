@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/middleware/readroute"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -65,48 +68,28 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	// permit is released.
 	_ = rc.SetWriteDeadline(b.Deadline.Add(10 * time.Second))
 	cw := csv.NewWriter(w)
-	started := false
-	start := func() {
+	started, lagging := false, false
+	start := func() bool {
 		if started {
-			return
+			return true
 		}
 		started = true
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		w.Header().Set("Content-Disposition", `attachment; filename="audit.csv"`)
 		w.Header().Set("Cache-Control", "no-store")
-		if mayLag(ctx) {
+		if lagging {
 			w.Header().Set("X-May-Lag", "true")
 		}
 		w.WriteHeader(http.StatusOK)
 		_ = cw.Write([]string{"id", "occurred_at", "actor", "action", "target"})
+		return false
 	}
 	var mark heavy.Mark
-	reader, _ := a.readDB(ctx)
-	err := heavy.Read(ctx, reader, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, studiodb.AuditEventExport, from, to, int32(b.Rows+1))
-		if err != nil {
-			return err
-		}
-		mark, err = heavy.Stream(ctx, rows, func(rows pgx.Rows) error {
-			var (
-				id                    int64
-				at                    time.Time
-				actor, action, target string
-			)
-			if err := rows.Scan(&id, &at, &actor, &action, &target); err != nil {
-				return err
-			}
-			start()
-			if err := cw.Write([]string{strconv.FormatInt(id, 10), at.UTC().Format(time.RFC3339Nano), actor, action, target}); err != nil {
-				return err
-			}
-			if mark.Rows%1000 == 999 {
-				cw.Flush()
-				_ = rc.Flush()
-			}
-			return cw.Error()
+	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
+		lagging = mayLag
+		return heavy.Read(ctx, pool, func(tx pgx.Tx) error {
+			return a.streamExport(ctx, tx, from, to, b, &mark, cw, rc, start)
 		})
-		return err
 	})
 	if err != nil && !started {
 		heavy.WriteError(w, r, err)
@@ -119,6 +102,10 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Rows went out already: the missing mark tells the client the
 		// file is incomplete.
+		var mid *midStreamError
+		if errors.As(err, &mid) {
+			err = mid.err
+		}
 		a.log.WarnContext(ctx, "audit export failed mid-stream", "rows", mark.Rows, "err", err)
 		cw.Flush()
 		return
@@ -128,6 +115,48 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(mark.String() + "\n"))
 	a.recordExport(ctx, from, to, mark)
 }
+
+// streamExport writes the rows of one export attempt to cw, starting the
+// response at the first row (start reports whether it had started before).
+func (a *App) streamExport(ctx context.Context, tx pgx.Tx, from, to time.Time, b heavy.Bounds, mark *heavy.Mark,
+	cw *csv.Writer, rc *http.ResponseController, start func() bool) error {
+	rows, err := tx.Query(ctx, studiodb.AuditEventExport, from, to, int32(b.Rows+1))
+	if err != nil {
+		return err
+	}
+	written := 0
+	*mark, err = heavy.Stream(ctx, rows, func(rows pgx.Rows) error {
+		var (
+			id                    int64
+			at                    time.Time
+			actor, action, target string
+		)
+		if err := rows.Scan(&id, &at, &actor, &action, &target); err != nil {
+			return err
+		}
+		start()
+		if err := cw.Write([]string{strconv.FormatInt(id, 10), at.UTC().Format(time.RFC3339Nano), actor, action, target}); err != nil {
+			return err
+		}
+		if written++; written%1000 == 0 {
+			cw.Flush()
+			_ = rc.Flush()
+		}
+		return cw.Error()
+	})
+	if err != nil && written > 0 {
+		// Rows went out already: the read must not be run again on the
+		// primary, so the failure is reported opaquely.
+		return &midStreamError{err}
+	}
+	return err
+}
+
+// midStreamError is a read that failed after rows were written; it does
+// not unwrap, so read routing never retries it.
+type midStreamError struct{ err error }
+
+func (e *midStreamError) Error() string { return "export failed after rows were written" }
 
 // recordExport writes the audit.export event on the primary, after the
 // bound: its context outlives the request's.

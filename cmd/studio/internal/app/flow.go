@@ -29,9 +29,8 @@ func (a *App) handleFlow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	reader, lag := a.readDB(ctx)
 	var rows []*studiodb.MessageFlowGraphRow
-	err := heavy.Read(ctx, reader, func(tx pgx.Tx) error {
+	lag, err := a.readBounded(ctx, func(tx pgx.Tx) error {
 		var err error
 		rows, err = a.q.MessageFlowGraph(ctx, tx, &studiodb.MessageFlowGraphParams{Since: from, Until: to})
 		return err

@@ -4,19 +4,37 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/middleware/readroute"
 )
 
 // routes is the contract of REFERENCE-SERVICE.md.
 func (a *App) routes() http.Handler {
 	mux := http.NewServeMux()
 	ep := a.endpoints
-	api := func(h http.Handler) http.Handler { return a.requireToken(h) }
+	// Every route with a token: authenticate, then count the request in
+	// the token's in-flight cap, then the route's own limits.
+	api := func(h http.Handler) http.Handler { return a.requireToken(a.inflight.Handler(h)) }
 	heavyRoute := func(e heavy.Endpoint, h http.HandlerFunc) http.Handler { return api(a.heavy.Handler(e, h)) }
+	// History reads may be served by the read replica.
+	historyRoute := func(e heavy.Endpoint, h http.HandlerFunc) http.Handler {
+		return api(a.heavy.Handler(e, a.router.Handler(h)))
+	}
 
+	mux.Handle("POST /api/session", a.signin.Handler(http.HandlerFunc(a.handleSession)))
+	mux.Handle("POST /api/plugins", api(a.uploads.Handler(http.HandlerFunc(a.handlePlugin))))
 	mux.Handle("POST /api/sql", heavyRoute(ep.sqlConsole, a.handleConsole))
-	mux.Handle("GET /api/audit/export", heavyRoute(ep.export, a.handleExport))
-	mux.Handle("GET /api/flow", heavyRoute(ep.flow, a.handleFlow))
+	mux.Handle("GET /api/audit/export", historyRoute(ep.export, a.handleExport))
+	mux.Handle("GET /api/flow", historyRoute(ep.flow, a.handleFlow))
+	mux.Handle("GET /api/audit", historyRoute(ep.audit, a.auditHistory().handler(a)))
+	mux.Handle("GET /api/events", historyRoute(ep.events, a.eventHistory().handler(a)))
+	mux.Handle("GET /api/alerts", historyRoute(ep.alerts, a.alertHistory().handler(a)))
+	mux.Handle("GET /audit", a.pageToken(historyRoute(ep.audit, a.handleAuditPage)))
+	mux.HandleFunc("POST /audit", a.handleAuditSignIn)
+	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
 	mux.Handle("GET /api/limits", api(http.HandlerFunc(a.handleLimits)))
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
@@ -25,11 +43,23 @@ func (a *App) routes() http.Handler {
 	return problemMux{mux}
 }
 
-// readDB is the pool history reads use, and whether it may lag.
-func (a *App) readDB(ctx context.Context) (heavy.Beginner, bool) {
-	return a.primary, false
+// readBounded runs fn in a bounded, read-only transaction on the pool read
+// routing chose for the request (the read replica when it answers), moving
+// to the primary when the replica fails mid-request. It reports whether the
+// replica served the read.
+func (a *App) readBounded(ctx context.Context, fn func(tx pgx.Tx) error) (mayLag bool, err error) {
+	err = readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
+		return heavy.Read(ctx, pool, fn)
+	})
+	return readroute.MayLag(ctx), err
 }
 
-func mayLag(ctx context.Context) bool { return false }
-
-func (a *App) registered() (bool, string) { return true, "" }
+func (a *App) registered() (bool, string) {
+	if a.registry.Ready() {
+		return true, ""
+	}
+	if err := a.registry.LastError(); err != nil {
+		return false, "heartbeat failing"
+	}
+	return false, "not registered"
+}

@@ -1,0 +1,69 @@
+package app
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"path"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
+	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/problem"
+)
+
+// handlePlugin stores an uploaded plugin (POST /api/plugins, multipart
+// field "file") behind the upload window: 201 {"id","name","size","sha256"}.
+// A bad file is 400 and, as every non-2xx answer, gives the user's upload
+// slot back.
+func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, a.cfg.MaxUploadBytes+64<<10)
+	file, header, err := r.FormFile("file")
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			problem.Write(w, &problem.Details{Slug: "request-too-large", Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
+				Detail: "The plugin is larger than this service accepts.", Extensions: map[string]any{"limit": a.cfg.MaxUploadBytes}})
+			return
+		}
+		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "Send the plugin as multipart/form-data in the field \"file\".")
+		return
+	}
+	defer file.Close()
+	name := path.Base(strings.ReplaceAll(header.Filename, "\\", "/"))
+	if name == "" || name == "." || name == "/" || len(name) > 200 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") {
+		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file needs a plain name of at most 200 characters.")
+		return
+	}
+	content, err := io.ReadAll(io.LimitReader(file, a.cfg.MaxUploadBytes+1))
+	if err != nil {
+		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file could not be read.")
+		return
+	}
+	if int64(len(content)) > a.cfg.MaxUploadBytes {
+		problem.Write(w, &problem.Details{Slug: "request-too-large", Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: "The plugin is larger than this service accepts.", Extensions: map[string]any{"limit": a.cfg.MaxUploadBytes}})
+		return
+	}
+	if len(content) == 0 {
+		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file is empty.")
+		return
+	}
+	sum := sha256.Sum256(content)
+	id, _ := IdentityFrom(r.Context())
+	pid, err := a.q.PluginCreate(r.Context(), a.primary, &studiodb.PluginCreateParams{
+		UserID: id.UserID, Name: name, Size: int64(len(content)), Sha256: hex.EncodeToString(sum[:]), Content: content,
+	})
+	if err != nil {
+		if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
+			problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
+			return
+		}
+		problem.Internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"id": pid, "name": name, "size": len(content), "sha256": hex.EncodeToString(sum[:])})
+}

@@ -1,0 +1,66 @@
+package app
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/problem"
+)
+
+// sessionTTL is how long a token issued by a sign-in lives.
+const sessionTTL = 12 * time.Hour
+
+// dummyHash is compared against when the username is unknown, so an
+// unknown user costs the same bcrypt work as a wrong password.
+var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("not a password of anyone"), bcrypt.DefaultCost)
+
+type sessionRequest struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// handleSession signs in (POST /api/session) behind the sign-in throttle:
+// 200 {"token"} or 401 invalid-credentials, the same for an unknown
+// username and a wrong password.
+func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
+	var req sessionRequest
+	if !decodeJSON(w, r, &req, 4096) {
+		return
+	}
+	username := signin.NormalizeUsername(req.Username)
+	user, err := a.q.AppUserByName(r.Context(), a.primary, username)
+	hash := dummyHash
+	switch {
+	case err == nil:
+		hash = []byte(user.PasswordHash)
+	case errors.Is(err, pgx.ErrNoRows):
+	default:
+		_ = signin.Abandoned(r.Context())
+		problem.Unavailable(w, r, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.", err)
+		return
+	}
+	if bcrypt.CompareHashAndPassword(hash, []byte(req.Password)) != nil || user == nil {
+		problem.Write(w, &problem.Details{Slug: "invalid-credentials", Title: "Invalid credentials", Status: http.StatusUnauthorized,
+			Detail: "The username or the password is wrong."})
+		return
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	token := base64.RawURLEncoding.EncodeToString(raw)
+	if _, err := a.q.ApiTokenCreate(r.Context(), a.primary, &studiodb.ApiTokenCreateParams{
+		Digest: TokenDigest(token), UserID: user.ID, Name: "session", TtlMs: sessionTTL.Milliseconds(),
+	}); err != nil {
+		_ = signin.Abandoned(r.Context())
+		problem.Unavailable(w, r, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"token": token, "expiresIn": int(sessionTTL.Seconds())})
+}

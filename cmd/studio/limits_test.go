@@ -1,0 +1,105 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"mime/multipart"
+	"net/http"
+	"strconv"
+	"testing"
+)
+
+// TestSignInThrottleAcrossReplicas: five failed sign-ins spread over three
+// replicas use up alice's allowance; the sixth attempt, even with the right
+// password, is 429 too-many-failed-sign-ins. An unknown username is
+// throttled exactly alike. bob is untouched and signs in.
+func TestSignInThrottleAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 3, "-sign-in-failures", "5", "-sign-in-window", "10m")
+	session := func(i int, user, password string) *response {
+		return call(t, http.MethodPost, procs[i%3].URL+"/api/session", "", map[string]string{"username": user, "password": password})
+	}
+	for _, user := range []string{"alice", "nobody-at-all"} {
+		for i := 0; i < 5; i++ {
+			session(i, user, "wrong").problemOf(t, http.StatusUnauthorized, "invalid-credentials")
+		}
+		for i, password := range []string{"wrong", "studio"} {
+			r := session(i, user, password)
+			m := r.problemOf(t, http.StatusTooManyRequests, "too-many-failed-sign-ins")
+			ra, err := strconv.Atoi(r.Header.Get("Retry-After"))
+			if err != nil || ra < 590 || ra > 600 {
+				t.Errorf("%s: Retry-After %q, want about 600", user, r.Header.Get("Retry-After"))
+			}
+			if m["limit"] != float64(5) || m["retryAfter"] != float64(ra) {
+				t.Errorf("%s: members limit %v retryAfter %v", user, m["limit"], m["retryAfter"])
+			}
+		}
+	}
+	r := session(0, "bob", "studio")
+	if r.Status != http.StatusOK {
+		t.Fatalf("bob: %d %s", r.Status, r.Body)
+	}
+	token, _ := r.json(t)["token"].(string)
+	if token == "" {
+		t.Fatal("no token")
+	}
+	if r := call(t, http.MethodGet, procs[1].URL+"/api/limits", token, nil); r.Status != http.StatusOK {
+		t.Fatalf("the issued token on another replica: %d", r.Status)
+	}
+	// The operator view lists alice's throttle.
+	r = call(t, http.MethodGet, procs[2].URL+"/api/limits", "bob-token", nil)
+	if !bytes.Contains(r.Body, []byte(`"key":"username:alice"`)) {
+		t.Fatalf("operator view without alice's throttle: %s", r.Body)
+	}
+}
+
+func upload(t *testing.T, base, token, name string, content []byte) *response {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormFile("file", name)
+	fw.Write(content)
+	mw.Close()
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/plugins", &body)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b.Bytes()}
+}
+
+// TestUploadWindowAcrossReplicas: two uploads per hour for carol, wherever
+// they land; a rejected (empty) file does not count; the third is 429
+// too-many-uploads with Retry-After of about an hour.
+func TestUploadWindowAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 3, "-uploads-per-hour", "2")
+	if r := upload(t, procs[0].URL, "carol-token", "empty.jar", nil); r.Status != http.StatusBadRequest {
+		t.Fatalf("empty plugin: %d %s", r.Status, r.Body)
+	}
+	for i := 0; i < 2; i++ {
+		r := upload(t, procs[i].URL, "carol-token", fmt.Sprintf("p%d.jar", i), []byte("plugin bytes"))
+		if r.Status != http.StatusCreated {
+			t.Fatalf("upload %d: %d %s", i, r.Status, r.Body)
+		}
+		m := r.json(t)
+		if m["sha256"] != "d0ab6f23e9a0d0b1b9aa0f2b8f2c7e7b0c2e2b3f0f9b3b3b8e2d3d0a0c4f5e6d" && len(m["sha256"].(string)) != 64 {
+			t.Fatalf("upload answer %v", m)
+		}
+	}
+	r := upload(t, procs[2].URL, "carol-token", "p3.jar", []byte("plugin bytes"))
+	m := r.problemOf(t, http.StatusTooManyRequests, "too-many-uploads")
+	ra, _ := strconv.Atoi(r.Header.Get("Retry-After"))
+	if ra < 3590 || ra > 3600 || m["limit"] != float64(2) || m["retryAfter"] != float64(ra) {
+		t.Fatalf("refusal: Retry-After %d, members %v", ra, m)
+	}
+	// alice has her own allowance.
+	if r := upload(t, procs[2].URL, "alice-token", "a.jar", []byte("x")); r.Status != http.StatusCreated {
+		t.Fatalf("alice: %d", r.Status)
+	}
+}

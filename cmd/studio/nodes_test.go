@@ -1,0 +1,196 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/pglimit/nodelimit/fakenode"
+)
+
+// TestNodeQueuesAndSharedRate reads a fake broker node's 450 queues
+// through three replicas whose node rate is 6 per second for the
+// installation: every answer lists the queues with their counts, and the
+// node, counting what it receives from all three, never sees more than 6
+// calls in a second once past the first second's burst. An unknown node is
+// 404 and a node that does not answer is 502 node-unreachable.
+func TestNodeQueuesAndSharedRate(t *testing.T) {
+	t.Parallel()
+	node, err := fakenode.New(fakenode.Options{Queues: 450})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(node)
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	procs, _ := studio(t, 3, "-node", "b1="+srv.URL, "-node", "gone="+deadURL, "-node-rate", "6", "-heartbeat", "200ms")
+
+	r := call(t, http.MethodGet, procs[0].URL+"/api/nodes/b1/queues", "alice-token", nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("%d %s", r.Status, r.Body)
+	}
+	var got struct {
+		Queues []struct {
+			Name          string `json:"name"`
+			MessageCount  int64  `json:"messageCount"`
+			ConsumerCount int64  `json:"consumerCount"`
+		} `json:"queues"`
+	}
+	if err := jsonUnmarshal(r.Body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Queues) != 450 {
+		t.Fatalf("%d queues, want 450", len(got.Queues))
+	}
+	for _, q := range got.Queues {
+		var i int
+		fmt.Sscanf(q.Name, "q%d", &i)
+		if q.MessageCount != fakenode.MessageCount(i) || q.ConsumerCount != fakenode.ConsumerCount(i) {
+			t.Fatalf("queue %s: %d messages, %d consumers", q.Name, q.MessageCount, q.ConsumerCount)
+		}
+	}
+	if st := node.Stats(); st.Calls != 4 || st.MaxRequestsPerCall > 200 {
+		t.Fatalf("450 queues took %d calls (want 1 search + 3 reads), largest %d reads", st.Calls, st.MaxRequestsPerCall)
+	}
+
+	call(t, http.MethodGet, procs[1].URL+"/api/nodes/nope/queues", "alice-token", nil).problemOf(t, http.StatusNotFound, "unknown-node")
+	call(t, http.MethodGet, procs[1].URL+"/api/nodes/gone/queues", "alice-token", nil).problemOf(t, http.StatusBadGateway, "node-unreachable")
+
+	// Each replica re-reads the ready count at most every 5 s: wait until
+	// every one of them has seen all three and takes a third of the rate.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, p := range procs {
+		for {
+			var q struct {
+				Rate struct {
+					Replica float64 `json:"replica"`
+				} `json:"rate"`
+			}
+			r := call(t, http.MethodGet, p.URL+"/api/nodes/b1/queues", "alice-token", nil)
+			if err := jsonUnmarshal(r.Body, &q); err == nil && q.Rate.Replica == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				lim := call(t, http.MethodGet, p.URL+"/api/limits", "bob-token", nil)
+				t.Fatalf("%s never took its share of 2 per second: %s\n%s", p.Name, r.Body, lim.Body)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	// Full load from all three replicas for four seconds.
+	time.Sleep(time.Second) // the bursts of the calls above are spent
+	node.Reset()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for i := 0; i < 12; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				r, err := send(ctx, http.MethodGet, procs[i%3].URL+"/api/nodes/b1/queues", []string{"alice-token", "bob-token", "carol-token"}[i%3], nil)
+				if err == nil && r.Status == http.StatusOK {
+					served.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := node.Stats()
+	t.Logf("served %d; node saw %d calls, per second %v", served.Load(), st.Calls, st.PerSecond)
+	for i, s := range st.PerSecond {
+		if i == 0 {
+			continue // the burst of the first second
+		}
+		if s.Calls > 6 {
+			t.Fatalf("the node saw %d calls in one second (%d); installation rate 6", s.Calls, s.Unix)
+		}
+	}
+	if st.Calls < 12 {
+		t.Fatalf("the node saw only %d calls in 4 s: the load did not reach the limit", st.Calls)
+	}
+	_ = pgx.ErrNoRows
+}
+
+// TestTokenInFlightAcrossReplicas: with -token-in-flight 2, a token's
+// concurrent requests spread over three replicas never run more than two at
+// once (pg_stat_activity), and the others are 429
+// too-many-requests-in-flight with limit and retryAfter.
+func TestTokenInFlightAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	procs, dbURL := studio(t, 3, "-token-in-flight", "2", "-sql-console-cap", "20")
+	obs, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close(context.Background())
+	const marker = "inflight-probe"
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int64
+			if obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
+				AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&n) == nil && n > peak.Load() {
+				peak.Store(n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	for i := 0; i < 24; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := send(context.Background(), http.MethodPost, procs[i%3].URL+"/api/sql", "alice-token",
+				map[string]string{"sql": "SELECT pg_sleep(0.3), '" + marker + "'"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			switch r.Status {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				refused.Add(1)
+				once.Do(func() {
+					m := r.problemOf(t, http.StatusTooManyRequests, "too-many-requests-in-flight")
+					if m["limit"] != float64(2) || m["retryAfter"] == nil || r.Header.Get("Retry-After") == "" {
+						t.Errorf("in-flight refusal: %v %v", m, r.Header)
+					}
+				})
+			default:
+				t.Errorf("%d %s", r.Status, r.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-done
+	t.Logf("ok %d, refused %d, peak %d", ok.Load(), refused.Load(), peak.Load())
+	if peak.Load() > 2 {
+		t.Fatalf("pg_stat_activity saw %d requests of one token at once; cap 2", peak.Load())
+	}
+	if peak.Load() < 2 || refused.Load() == 0 {
+		t.Fatalf("never reached the cap (peak %d, refused %d)", peak.Load(), refused.Load())
+	}
+}
