@@ -1,0 +1,421 @@
+package housekeeping_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/pglimit/pglimit/housekeeping"
+	"github.com/pglimit/pglimit/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fill inserts lapsed and live rows in every limit table; row keys start
+// with "lapsed-" or "live-".
+func fill(t testing.TB, pool *pgxpool.Pool, lapsed, live int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, table := range []string{"heavy_permit", "request_in_flight", "upload_window"} {
+		for kind, n := range map[string]int{"lapsed": lapsed, "live": live} {
+			if n == 0 {
+				continue
+			}
+			exp := "now() - interval '1 minute'"
+			if kind == "live" {
+				exp = "now() + interval '1 hour'"
+			}
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`
+				INSERT INTO %s (scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+				SELECT '%s-' || g, 1, gen_random_uuid(), 'u', 'e', 'r', now() - interval '2 hours', %s
+				FROM generate_series(1, $1) AS g`, table, kind, exp), n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for kind, n := range map[string]int{"lapsed": lapsed, "live": live} {
+		if n == 0 {
+			continue
+		}
+		exp := "now() - interval '1 minute'"
+		if kind == "live" {
+			exp = "now() + interval '1 hour'"
+		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO login_attempt (key, failures, first_at, last_at, expires_at)
+			SELECT '%s-' || g, 3, now() - interval '2 hours', now() - interval '2 hours', %s
+			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO replica (name, started_at, heartbeat_at, ready, expires_at)
+			SELECT '%s-' || g, now() - interval '2 hours', now() - interval '2 hours', true, %s
+			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// keys returns the row keys left in every table.
+func keys(t testing.TB, pool *pgxpool.Pool) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for table, col := range map[string]string{"heavy_permit": "scope", "request_in_flight": "scope", "upload_window": "scope",
+		"login_attempt": "key", "replica": "name"} {
+		rows, err := pool.Query(context.Background(), fmt.Sprintf(`SELECT %s FROM %s`, col, table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(ks)
+		out[table] = ks
+	}
+	return out
+}
+
+func perTable(n int64) map[string]int64 {
+	m := map[string]int64{}
+	for _, table := range housekeeping.Tables {
+		m[table] = n
+	}
+	return m
+}
+
+func newHousekeeper(t testing.TB, pool *pgxpool.Pool, opts housekeeping.Options) *housekeeping.Housekeeper {
+	t.Helper()
+	h, err := housekeeping.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestDeletesOnlyLapsedRows: with live and lapsed rows in every table, a
+// sweep deletes exactly the lapsed ones, reports them per table in its
+// Result, in the counter pglimit.housekeeping.deleted and in the log.
+func TestDeletesOnlyLapsedRows(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	fill(t, pool, 3, 2)
+	reader := sdkmetric.NewManualReader()
+	var logs bytes.Buffer
+	h := newHousekeeper(t, pool, housekeeping.Options{
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Logger:        slog.New(slog.NewJSONHandler(&logs, nil)),
+	})
+	ctx := context.Background()
+	res, err := h.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(housekeeping.Result{Ran: true, Deleted: perTable(3)}, res); diff != "" {
+		t.Fatalf("result (-want +got):\n%s", diff)
+	}
+	want := map[string][]string{}
+	for _, table := range housekeeping.Tables {
+		want[table] = []string{"live-1", "live-2"}
+	}
+	if diff := cmp.Diff(want, keys(t, pool)); diff != "" {
+		t.Fatalf("rows left (-want +got):\n%s", diff)
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != housekeeping.MetricDeleted {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				table, _ := dp.Attributes.Value("table")
+				got[table.AsString()] += dp.Value
+			}
+		}
+	}
+	if diff := cmp.Diff(perTable(3), got); diff != "" {
+		t.Errorf("counter %s (-want +got):\n%s", housekeeping.MetricDeleted, diff)
+	}
+
+	var line map[string]any
+	if err := json.Unmarshal(logs.Bytes(), &line); err != nil {
+		t.Fatalf("log %q: %v", logs.String(), err)
+	}
+	delete(line, "time")
+	wantLine := map[string]any{"level": "INFO", "msg": "housekeeping: deleted lapsed rows", "total": float64(15)}
+	for _, table := range housekeeping.Tables {
+		wantLine[table] = float64(3)
+	}
+	if diff := cmp.Diff(wantLine, line); diff != "" {
+		t.Errorf("log line (-want +got):\n%s", diff)
+	}
+
+	// A second sweep finds nothing.
+	res, err = h.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(housekeeping.Result{Ran: true, Deleted: perTable(0)}, res); diff != "" {
+		t.Fatalf("second sweep (-want +got):\n%s", diff)
+	}
+}
+
+// deleteTracer records the rows each *DeleteLapsed statement deleted.
+type deleteTracer struct {
+	mu      sync.Mutex
+	deletes map[string][]int64
+}
+
+type queryName struct{}
+
+func (tr *deleteTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	name := strings.TrimSpace(d.SQL)
+	if rest, ok := strings.CutPrefix(name, "-- name: "); ok {
+		name, _, _ = strings.Cut(rest, " ")
+	}
+	return context.WithValue(ctx, queryName{}, name)
+}
+
+func (tr *deleteTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	name, _ := ctx.Value(queryName{}).(string)
+	if !strings.HasSuffix(name, "DeleteLapsed") {
+		return
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.deletes[name] = append(tr.deletes[name], d.CommandTag.RowsAffected())
+}
+
+// TestBatchesAreBounded: with a batch of 10 and 35 lapsed rows in every
+// table, each table is swept by statements deleting 10, 10, 10 and 5 rows.
+func TestBatchesAreBounded(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	fill(t, pgtest.Pool(t, url, 2), 35, 4)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &deleteTracer{deletes: map[string][]int64{}}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	res, err := newHousekeeper(t, pool, housekeeping.Options{Batch: 10}).RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(housekeeping.Result{Ran: true, Deleted: perTable(35)}, res); diff != "" {
+		t.Fatalf("result (-want +got):\n%s", diff)
+	}
+	want := map[string][]int64{}
+	for _, name := range []string{"HeavyPermitDeleteLapsed", "RequestInFlightDeleteLapsed", "UploadWindowDeleteLapsed",
+		"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed"} {
+		want[name] = []int64{10, 10, 10, 5}
+	}
+	if diff := cmp.Diff(want, tr.deletes); diff != "" {
+		t.Fatalf("rows per DELETE (-want +got):\n%s", diff)
+	}
+	for table, ks := range keys(t, pool) {
+		if len(ks) != 4 {
+			t.Errorf("%s: %d rows left, want the 4 live ones", table, len(ks))
+		}
+	}
+}
+
+// TestSkipsWhileTheLockIsHeld: another replica holding the lock makes a
+// sweep skip its turn without touching a row; once it lets go, the sweep
+// runs.
+func TestSkipsWhileTheLockIsHeld(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewDB(t, 2)
+	fill(t, pool, 5, 1)
+	ctx := context.Background()
+	other, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock(1199, $1)`, housekeeping.LockKey); err != nil {
+		t.Fatal(err)
+	}
+	h := newHousekeeper(t, pool, housekeeping.Options{})
+	res, err := h.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(housekeeping.Result{}, res); diff != "" {
+		t.Fatalf("sweep while the lock is held (-want +got):\n%s", diff)
+	}
+	for table, ks := range keys(t, pool) {
+		if len(ks) != 6 {
+			t.Fatalf("%s: %d rows, want all 6 untouched", table, len(ks))
+		}
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock(1199, $1)`, housekeeping.LockKey); err != nil {
+		t.Fatal(err)
+	}
+	res, err = h.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(housekeeping.Result{Ran: true, Deleted: perTable(5)}, res); diff != "" {
+		t.Fatalf("sweep after the lock was released (-want +got):\n%s", diff)
+	}
+	if n := advisoryLocks(t, pool); n != 0 {
+		t.Fatalf("%d housekeeping locks held after the sweep", n)
+	}
+}
+
+func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1199 AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestOneReplicaAtATime: three replicas (three pools) sweep at the same
+// moment, round after round: exactly one of them deletes, and together
+// they delete exactly the lapsed rows.
+func TestOneReplicaAtATime(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	var hs []*housekeeping.Housekeeper
+	var pools []*pgxpool.Pool
+	for i := 0; i < 3; i++ {
+		p := pgtest.Pool(t, url, 2)
+		pools = append(pools, p)
+		hs = append(hs, newHousekeeper(t, p, housekeeping.Options{Batch: 50}))
+	}
+	const lapsed = 600
+	for round := 0; round < 5; round++ {
+		fill(t, pools[0], lapsed, 0)
+		var (
+			wg      sync.WaitGroup
+			results = make([]housekeeping.Result, 3)
+			errs    = make([]error, 3)
+			start   = make(chan struct{})
+		)
+		for i, h := range hs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				results[i], errs[i] = h.RunOnce(context.Background())
+			}()
+		}
+		close(start)
+		wg.Wait()
+		deleters, ran := 0, 0
+		var total int64
+		for i, r := range results {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			if r.Ran {
+				ran++
+			}
+			if r.Total() > 0 {
+				deleters++
+			}
+			total += r.Total()
+		}
+		t.Logf("round %d: %d sweeps ran, %d deleted, %d rows", round, ran, deleters, total)
+		if deleters != 1 || total != int64(lapsed*len(housekeeping.Tables)) {
+			t.Fatalf("round %d: %d replicas deleted rows, %d rows in all; want exactly 1 deleting all %d", round, deleters, total, lapsed*len(housekeeping.Tables))
+		}
+	}
+}
+
+// TestRunStopsWithContext: Run sweeps every interval (rows that lapse later
+// are deleted by a later sweep) and returns promptly when its context
+// ends, leaving the lock free.
+func TestRunStopsWithContext(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- housekeeping.Run(ctx, pool, housekeeping.Options{Interval: 50 * time.Millisecond}) }()
+	for round := 0; round < 2; round++ {
+		fill(t, pool, 4, 0)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			left := 0
+			for _, ks := range keys(t, pool) {
+				left += len(ks)
+			}
+			if left == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d lapsed rows still there", round, left)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if n := advisoryLocks(t, pool); n != 0 {
+		t.Fatalf("%d housekeeping locks held after Run returned", n)
+	}
+	fill(t, pool, 1, 0)
+	time.Sleep(150 * time.Millisecond)
+	left := 0
+	for _, ks := range keys(t, pool) {
+		left += len(ks)
+	}
+	if left != len(housekeeping.Tables) {
+		t.Fatalf("%d rows left, want %d: something still sweeps after Run returned", left, len(housekeeping.Tables))
+	}
+}
+
+// TestOptions are checked once, at New.
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 1)
+	for name, o := range map[string]housekeeping.Options{
+		"negative interval": {Interval: -time.Second},
+		"negative batch":    {Batch: -1},
+		"huge batch":        {Batch: 1 << 30},
+	} {
+		if _, err := housekeeping.New(pool, o); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+		if err := housekeeping.Run(context.Background(), pool, o); err == nil {
+			t.Errorf("%s: Run accepted it", name)
+		}
+	}
+	if _, err := housekeeping.New(nil, housekeeping.Options{}); err == nil {
+		t.Error("New accepted a nil pool")
+	}
+}
