@@ -54,7 +54,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := schema.Migrate(ctx, pool); err == nil {
+	err = schema.Migrate(ctx, pool)
+	if err == nil {
 		err = schema.MigrateFS(ctx, pool, studioschema.FS(), studioschema.VersionTable, studioschema.LockID)
 	}
 	pool.Close()

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -327,5 +326,3 @@ type captureHeader struct {
 func (c *captureHeader) Header() http.Header         { return c.header }
 func (c *captureHeader) Write(b []byte) (int, error) { return len(b), nil }
 func (c *captureHeader) WriteHeader(s int)           { c.status = s }
-
-var errNoIdentity = errors.New("no identity")
