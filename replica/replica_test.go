@@ -24,7 +24,9 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newRegistry(t *testing.T, pool *pgxpool.Pool, name string, interval time.Duration) *replica.Registry {
 	t.Helper()
-	r, err := replica.New(pool, replica.Options{Name: name, Interval: interval, Logger: quiet})
+	// A generous timeout: on a loaded machine (CI runs packages side by
+	// side) a first heartbeat may take longer than a short interval.
+	r, err := replica.New(pool, replica.Options{Name: name, Interval: interval, Timeout: 2 * time.Second, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
