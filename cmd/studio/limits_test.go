@@ -2,11 +2,15 @@ package main_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"mime/multipart"
 	"net/http"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
 // TestSignInThrottleAcrossReplicas: five failed sign-ins spread over three
@@ -101,5 +105,33 @@ func TestUploadWindowAcrossReplicas(t *testing.T) {
 	// alice has her own allowance.
 	if r := upload(t, procs[2].URL, "alice-token", "a.jar", []byte("x")); r.Status != http.StatusCreated {
 		t.Fatalf("alice: %d", r.Status)
+	}
+}
+
+// TestHousekeepingRemovesLapsedRows: an upload's slot lapses when its window
+// ends, and the service's housekeeping deletes the row soon after.
+func TestHousekeepingRemovesLapsedRows(t *testing.T) {
+	t.Parallel()
+	procs, dbURL := studio(t, 2, "-upload-window", "1s", "-housekeeping", "300ms")
+	if r := upload(t, procs[0].URL, "bob-token", "b.jar", []byte("x")); r.Status != http.StatusCreated {
+		t.Fatalf("upload: %d %s", r.Status, r.Body)
+	}
+	pool := pgtest.Pool(t, dbURL, 1)
+	count := func() int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM upload_window`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d upload_window rows after an upload, want 1", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lapsed upload_window row was never removed")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

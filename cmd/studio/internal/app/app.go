@@ -18,6 +18,7 @@ import (
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/readroute"
@@ -145,6 +146,11 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.nodeLimit.Refresh(ctx); err != nil {
 		log.Warn("ready replicas not read yet", "err", err)
 	}
+	keeper, err := housekeeping.New(a.primary, housekeeping.Options{Interval: cfg.HousekeepingInterval, MeterProvider: a.meters, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	a.background = append(a.background, keeper.Run)
 	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log})
 	if err != nil {
 		return nil, err
