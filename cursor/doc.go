@@ -74,18 +74,23 @@
 // the capped one stops after 10,001, which is also all that page numbers
 // can show. Cursor mode reports no total.
 //
-// Measured by BenchmarkPage and BenchmarkTotal in this package (PostgreSQL
-// 15, 2,000,000 rows, 2 vCPUs; go test -run '^$' -bench . ./cursor/):
+// Measured by BenchmarkPage and BenchmarkTotal in this package on
+// 2026-12-02 (PostgreSQL 15, 2,000,000 rows, fsync off, a shared 2-vCPU
+// machine under load from other work; medians of 5 runs of
+// go test -run '^$' -bench 'Page|Total' -count 5 ./cursor/):
 //
-//	50-row page at depth   keyset      OFFSET
-//	0                      ~50 µs      ~50 µs
-//	10,000                 ~50 µs      ~1.3 ms
-//	100,000                ~50 µs      ~12 ms
-//	1,000,000              ~50 µs      ~120 ms
-//	1,990,000              ~50 µs      ~240 ms
+//	50-row page at depth   keyset     OFFSET
+//	0                      0.19 ms    0.17 ms
+//	10,000                 0.27 ms    1.9 ms
+//	100,000                0.25 ms    16 ms
+//	1,000,000              0.24 ms    129 ms
+//	1,990,000              0.24 ms    316 ms
 //
-//	count of 2,000,000 rows: exact ~60 ms, capped at 10,001 ~0.6 ms
-//	SELECT 1 round trip (baseline): ~25 µs
+//	count of 2,000,000 rows: exact 95 ms; capped at 10,001 rows 1.2 ms
+//	SELECT 1 round trip (the floor): 0.09 ms
+//
+// The fixture takes about 10 s to build per benchmark function; -short
+// builds 20,000 rows instead, and BENCH_EVENT_ROWS sets any size.
 //
 // Pager and Codec are safe for concurrent use.
 package cursor

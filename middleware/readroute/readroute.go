@@ -15,8 +15,16 @@
 //	...
 //	json.NewEncoder(w).Encode(Response{Items: rows, MayLag: readroute.MayLag(ctx)})
 //
-// A replica is committed data a little late, so a response it served
-// carries "mayLag": true, and the UI shows a short notice.
+// A replica sees committed data a little late, so a response it served
+// carries "mayLag": true, and the UI shows a short notice. With a heavy
+// endpoint's time bound, nest the bounded read inside Read:
+//
+//	err := readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
+//		return heavy.Read(ctx, pool, func(tx pgx.Tx) error { ... })
+//	})
+//
+// MayLag reports true when a Read on the replica succeeded, or when
+// FromContext handed the replica out, for this request.
 //
 // # Health
 //
@@ -39,6 +47,10 @@
 // are given the primary pool), and the Router hands out the replica only to
 // the handlers it wraps. Wrap only handlers that read domain history, never
 // one that writes or reads a limit table.
+//
+// The router adds about half a microsecond and three small allocations
+// (400 B) to a request (BenchmarkHandler, against the bare handler at
+// ~20 ns): a copy of the request with a new context.
 //
 // A Router is safe for concurrent use.
 package readroute
@@ -69,8 +81,9 @@ type Options struct {
 	// Interval is the time between two health checks of the replica.
 	// Default 1s (DefaultInterval).
 	Interval time.Duration
-	// Timeout bounds one health check. Default 500ms (DefaultTimeout), and
-	// never more than Interval.
+	// Timeout bounds one health check, connecting included. Default 500ms
+	// (DefaultTimeout). Checks never overlap: one that outlasts Interval
+	// delays the next.
 	Timeout time.Duration
 	// Probe checks the replica: a nil error means it may be read. Default:
 	// one SELECT 1 (db.SessionPing) on the replica pool.
@@ -115,7 +128,6 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	opts.Timeout = min(opts.Timeout, opts.Interval)
 	if opts.Probe == nil {
 		opts.Probe = ping
 	}

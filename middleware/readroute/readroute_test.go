@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -127,9 +128,7 @@ func TestReplicaGoesAndReturns(t *testing.T) {
 			r := mustRouter(t, primary, replica, readroute.Options{Interval: 50 * time.Millisecond})
 			h := r.Handler(historyHandler())
 
-			if !r.Healthy() {
-				t.Fatal("a replica that answers is not healthy after Start")
-			}
+			waitFor(t, "a replica that answers is healthy", r.Healthy)
 			if code, a := get(t, h); code != http.StatusOK || !a.InRecovery || !a.MayLag {
 				t.Fatalf("replica up: %d %+v, want the replica with mayLag", code, a)
 			}
@@ -202,6 +201,7 @@ func TestReadRacesTheHealthCheck(t *testing.T) {
 	replica := pgtest.Pool(t, replicaC.URL("app"), 4)
 	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour})
 	h := r.Handler(historyHandler())
+	waitFor(t, "a replica that answers is healthy", func() bool { return r.Check(context.Background()) })
 	if code, a := get(t, h); code != http.StatusOK || !a.InRecovery || !a.MayLag {
 		t.Fatalf("replica up: %d %+v", code, a)
 	}
@@ -247,9 +247,7 @@ func TestOnlyConnectionErrorsFallBack(t *testing.T) {
 	primary, _ := pgtest.NewDB(t, 2)
 	replica, _ := pgtest.NewDB(t, 2) // another database stands in for a replica
 	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour})
-	if !r.Healthy() {
-		t.Fatal("replica stand-in not healthy")
-	}
+	waitFor(t, "the replica stand-in is healthy", func() bool { return r.Check(context.Background()) })
 	calls := 0
 	mayLag, err := r.Read(context.Background(), func(pool *pgxpool.Pool, mayLag bool) error {
 		calls++
@@ -258,16 +256,31 @@ func TestOnlyConnectionErrorsFallBack(t *testing.T) {
 	if err == nil || calls != 1 || mayLag || !r.Healthy() {
 		t.Errorf("SQL error: err %v, %d calls, mayLag %v, healthy %v; want the error, 1 call, no fallback", err, calls, mayLag, r.Healthy())
 	}
-	// A canceled request is not retried either.
+	// A request whose client went away is not retried, even when the
+	// replica's error is of the connection class.
+	unreachable := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	calls = 0
 	_, err = r.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
 		calls++
-		return pool.Ping(ctx)
+		return unreachable
 	})
 	if err == nil || calls != 1 || !r.Healthy() {
 		t.Errorf("canceled: err %v, %d calls, healthy %v", err, calls, r.Healthy())
+	}
+	// The same error in a live request: the replica is marked down and the
+	// read runs again on the primary.
+	var pools []*pgxpool.Pool
+	mayLag, err = r.Read(context.Background(), func(pool *pgxpool.Pool, mayLag bool) error {
+		pools = append(pools, pool)
+		if mayLag {
+			return unreachable
+		}
+		return nil
+	})
+	if err != nil || mayLag || len(pools) != 2 || pools[0] != replica || pools[1] != primary || r.Healthy() {
+		t.Errorf("connection error: err %v, mayLag %v, %d calls, healthy %v", err, mayLag, len(pools), r.Healthy())
 	}
 }
 
