@@ -27,6 +27,17 @@ func IsTimeout(err error) bool {
 	return errors.As(err, &pg) && pg.Code == QueryCanceled
 }
 
+// RecoveryConflict is SQLSTATE 40001 as a hot standby sends it when it
+// cancels a read that conflicts with the WAL it replays.
+const RecoveryConflict = "40001"
+
+// IsRecoveryConflict reports whether a read replica canceled the statement
+// because it conflicted with recovery: the read may succeed on the primary.
+func IsRecoveryConflict(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == RecoveryConflict && strings.Contains(pg.Message, "conflict with recovery")
+}
+
 // IsUnavailable reports whether err says the database could not be reached
 // or went away: a failed connect, a broken connection, a server shutting
 // down or starting up, or too many connections.

@@ -347,10 +347,18 @@ func (r *Router) Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bo
 	return MayLag(ctx), err
 }
 
-// shouldFallBack marks the replica down when err says it cannot be reached,
-// and reports whether the read should run again on the primary.
+// shouldFallBack reports whether a read that failed on the replica should
+// run again on the primary: when the replica cannot be reached (it is then
+// marked down) or canceled the read for a conflict with recovery.
 func (r *Router) shouldFallBack(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || !dberr.IsUnavailable(err) {
+	if ctx.Err() != nil {
+		return false
+	}
+	if dberr.IsRecoveryConflict(err) {
+		// The replica is fine; this read collided with the WAL it replays.
+		return true
+	}
+	if !dberr.IsUnavailable(err) {
 		return false
 	}
 	r.setHealthy(false, err)

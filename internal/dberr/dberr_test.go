@@ -1,0 +1,48 @@
+package dberr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestClassification pins which errors are a timeout, an unreachable
+// database, or a recovery conflict.
+func TestClassification(t *testing.T) {
+	t.Parallel()
+	pg := func(code, msg string) error { return fmt.Errorf("query: %w", &pgconn.PgError{Code: code, Message: msg}) }
+	for _, tc := range []struct {
+		name                           string
+		err                            error
+		timeout, unavailable, conflict bool
+	}{
+		{"nil", nil, false, false, false},
+		{"deadline", context.DeadlineExceeded, true, true, false},
+		{"statement timeout", pg("57014", "canceling statement due to statement timeout"), true, false, false},
+		{"admin shutdown", pg("57P01", "terminating connection due to administrator command"), false, true, false},
+		{"cannot connect now", pg("57P03", "the database system is starting up"), false, true, false},
+		{"connection failure", pg("08006", "connection failure"), false, true, false},
+		{"too many connections", pg("53300", "too many connections"), false, true, false},
+		{"syntax error", pg("42601", "syntax error"), false, false, false},
+		{"unique violation", pg("23505", "duplicate key"), false, false, false},
+		{"serialization failure", pg("40001", "could not serialize access"), false, false, false},
+		{"recovery conflict", pg("40001", "canceling statement due to conflict with recovery"), false, false, true},
+		{"closed conn", errors.New("conn closed"), false, true, false},
+		{"plain", errors.New("something else"), false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := IsTimeout(tc.err); got != tc.timeout {
+				t.Errorf("IsTimeout = %v", got)
+			}
+			if got := IsUnavailable(tc.err); got != tc.unavailable {
+				t.Errorf("IsUnavailable = %v", got)
+			}
+			if got := IsRecoveryConflict(tc.err); got != tc.conflict {
+				t.Errorf("IsRecoveryConflict = %v", got)
+			}
+		})
+	}
+}
