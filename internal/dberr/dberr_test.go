@@ -13,7 +13,9 @@ import (
 // database, or a recovery conflict.
 func TestClassification(t *testing.T) {
 	t.Parallel()
-	pg := func(code, msg string) error { return fmt.Errorf("query: %w", &pgconn.PgError{Code: code, Message: msg}) }
+	pg := func(code, msg string) error {
+		return fmt.Errorf("query: %w", &pgconn.PgError{Code: code, Message: msg})
+	}
 	for _, tc := range []struct {
 		name                           string
 		err                            error
