@@ -1,0 +1,165 @@
+package signin_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/middleware/upload"
+)
+
+// redisBaseline is set by redis_bench_test.go (build tag redisbench): the
+// Redis-based limiter github.com/go-redis/redis_rate/v10 against the local
+// Redis, the baseline pglimit is compared with. It stays out of default
+// builds so that nothing but a benchmark built on purpose needs Redis.
+var redisBaseline func(b *testing.B, clients int)
+
+// clients runs op b.N times in all, spread over exactly n goroutines (n
+// concurrent clients, whatever GOMAXPROCS is), and reports ops/s.
+func clients(b *testing.B, n int, op func(ctx context.Context, client, i int) error) {
+	b.Helper()
+	ctx := context.Background()
+	var (
+		next   atomic.Int64
+		wg     sync.WaitGroup
+		failed atomic.Pointer[error]
+	)
+	b.ResetTimer()
+	for c := 0; c < n; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) || failed.Load() != nil {
+					return
+				}
+				if err := op(ctx, c, int(i)); err != nil {
+					failed.Store(&err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkLimits measures the statements each limit costs, at 1 and 16
+// concurrent clients on a pool of 16 connections, beside two baselines
+// measured in the same run: SELECT 1 (db.New().SessionPing, the cheapest
+// round trip) and a Redis-based limiter (redis_rate, build tag redisbench).
+//
+//   - signin-check: a sign-in's one read (Limiter.Check, normal mode) of a
+//     key with failures.
+//   - signin-record-failure: the failure upsert Attempt.RecordFailure runs
+//     (LoginAttemptRecordFailure on the pool, its own transaction).
+//   - signin-failed-attempt: both, as a failed sign-in costs them.
+//   - upload-claim: one upload's slot (permit claim in upload_window: lock +
+//     claim in one round trip), a new user each time, in a table that
+//     starts empty (rows=0) or with 10,000 live slots of other users.
+//   - inflight-claim-release: one request's slot claimed and released (two
+//     round trips).
+//
+// Run: go test -run '^$' -bench Limits ./middleware/signin/
+func BenchmarkLimits(b *testing.B) {
+	pool, _ := pgtest.NewDB(b, 16)
+	q := db.New()
+	throttle, err := signin.New(pool, signin.Options{MaxFailures: 1 << 20, Window: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens, err := inflight.New(pool, inflight.Options{Key: func(*http.Request) (string, bool) { return "", false }, Limit: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for c := 0; c < 16; c++ { // every client's key has failures: Check reads a row
+		a, err := throttle.Check(ctx, fmt.Sprint("bench-check-", c))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.RecordFailure(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var run atomic.Int64 // keeps keys of repeated runs apart
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("select-1/clients=%d", n), func(b *testing.B) {
+			clients(b, n, func(ctx context.Context, _, _ int) error { return q.SessionPing(ctx, pool) })
+		})
+		b.Run(fmt.Sprintf("redis-rate/clients=%d", n), func(b *testing.B) {
+			if redisBaseline == nil {
+				b.Skip("Redis baseline not built: run with -tags redisbench (it needs github.com/go-redis/redis_rate/v10 and github.com/redis/go-redis/v9 in go.mod)")
+			}
+			redisBaseline(b, n)
+		})
+		b.Run(fmt.Sprintf("signin-check/clients=%d", n), func(b *testing.B) {
+			clients(b, n, func(ctx context.Context, c, _ int) error {
+				_, err := throttle.Check(ctx, fmt.Sprint("bench-check-", c))
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("signin-record-failure/clients=%d", n), func(b *testing.B) {
+			r := run.Add(1)
+			clients(b, n, func(ctx context.Context, c, _ int) error {
+				_, err := q.LoginAttemptRecordFailure(ctx, pool, &db.LoginAttemptRecordFailureParams{
+					Key: fmt.Sprint("bench-record-", r, "-", c), WindowMs: time.Hour.Milliseconds()})
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("signin-failed-attempt/clients=%d", n), func(b *testing.B) {
+			r := run.Add(1)
+			clients(b, n, func(ctx context.Context, c, _ int) error {
+				a, err := throttle.Check(ctx, fmt.Sprint("bench-attempt-", r, "-", c))
+				if err != nil {
+					return err
+				}
+				return a.RecordFailure(ctx)
+			})
+		})
+		for _, rows := range []int{0, 10000} {
+			b.Run(fmt.Sprintf("upload-claim/rows=%d/clients=%d", rows, n), func(b *testing.B) {
+				// A database of its own, holding rows live slots of other
+				// users before the run (and the run's own claims, which are
+				// kept: the table grows by b.N).
+				upool, _ := pgtest.NewDB(b, 16)
+				if _, err := upool.Exec(ctx, `
+					INSERT INTO upload_window (scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+					SELECT 'upload:other-' || g, 1, gen_random_uuid(), 'other', 'upload', 'r', now(), now() + interval '1 hour'
+					FROM generate_series(1, $1) AS g`, rows); err != nil {
+					b.Fatal(err)
+				}
+				uploads, err := upload.New(upool, upload.Options{User: func(*http.Request) (string, bool) { return "", false }})
+				if err != nil {
+					b.Fatal(err)
+				}
+				clients(b, n, func(ctx context.Context, _, i int) error {
+					_, err := uploads.Claim(ctx, fmt.Sprint("bench-user-", i))
+					return err
+				})
+			})
+		}
+		b.Run(fmt.Sprintf("inflight-claim-release/clients=%d", n), func(b *testing.B) {
+			clients(b, n, func(ctx context.Context, c, _ int) error {
+				p, err := tokens.Acquire(ctx, fmt.Sprint("bench-token-", c), "bench")
+				if err != nil {
+					return err
+				}
+				return p.Release(ctx)
+			})
+		})
+	}
+}
