@@ -1,0 +1,85 @@
+package heavy_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/heavy"
+)
+
+// BenchmarkHeavyPermit measures what a heavy request adds: claiming the
+// user's and the installation's permits in one round trip and releasing
+// both in one, at 1 and 16 concurrent clients (each its own user), beside
+// the floor (SELECT 1 on the same pool) and the naive claim (the claim
+// statement alone on one scope, without the scope lock, plus its release)
+// measured in the same run. Compare with benchstat or read ns/op side by
+// side: BenchmarkHeavyPermit/clients=1/select1 is the floor.
+func BenchmarkHeavyPermit(b *testing.B) {
+	url := pgtest.URL(b)
+	pool := pgtest.Pool(b, url, 20)
+	l, err := heavy.New(pool, heavy.Options{User: userHeader, InstallationCap: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := db.New()
+	ep := heavy.Endpoint{Name: "bench", PerUser: 2, Time: time.Minute}
+	var users atomic.Int64
+
+	paths := []struct {
+		name string
+		op   func(ctx context.Context, user string) error
+	}{
+		{"select1", func(ctx context.Context, _ string) error { return q.SessionPing(ctx, pool) }},
+		{"naive-claim+release", func(ctx context.Context, user string) error {
+			id := uuid.New()
+			scope := []string{heavy.UserScope(ep.Name, user)}
+			if _, err := q.HeavyPermitClaim(ctx, pool, &db.HeavyPermitClaimParams{
+				Scopes: scope, Caps: []int32{2}, LeaseID: id, Holder: user, Endpoint: ep.Name, Replica: "bench", LeaseMs: 90000,
+			}); err != nil {
+				return err
+			}
+			_, err := q.HeavyPermitRelease(ctx, pool, &db.HeavyPermitReleaseParams{Scopes: scope, LeaseID: id})
+			return err
+		}},
+		{"heavy-claim+release", func(ctx context.Context, user string) error {
+			p, err := l.Acquire(ctx, ep, user)
+			if err != nil {
+				return err
+			}
+			return p.Release(ctx)
+		}},
+	}
+	for _, clients := range []int{1, 16} {
+		for _, path := range paths {
+			b.Run(fmt.Sprintf("clients=%d/%s", clients, path.name), func(b *testing.B) {
+				ctx := context.Background()
+				if clients == 1 {
+					user := fmt.Sprintf("u%d", users.Add(1))
+					for b.Loop() {
+						if err := path.op(ctx, user); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return
+				}
+				b.SetParallelism(max(1, clients/max(1, testingProcs())))
+				b.RunParallel(func(pb *testing.PB) {
+					user := fmt.Sprintf("u%d", users.Add(1))
+					for pb.Next() {
+						if err := path.op(ctx, user); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
+	}
+}
