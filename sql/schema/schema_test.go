@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/sql/schema"
@@ -93,5 +95,37 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	}
 	if applied != distinct || applied == 0 {
 		t.Fatalf("version table: %d rows for %d migrations", applied, distinct)
+	}
+}
+
+// TestDownAndUpAgain applies every Down section, checks the limit tables are
+// gone, and migrates up again.
+func TestDownAndUpAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.EmptyURL(t)
+	pool := pgtest.Pool(t, url, 2)
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, schema.FS(),
+		goose.WithDisableGlobalRegistry(true), goose.WithTableName(schema.VersionTable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 0); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	var tables int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname IN ('heavy_permit','login_attempt','upload_window','request_in_flight','replica')`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Fatalf("%d limit tables left after migrating down", tables)
+	}
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatalf("up again: %v", err)
 	}
 }
