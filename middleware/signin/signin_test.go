@@ -892,3 +892,23 @@ func TestOptions(t *testing.T) {
 		t.Errorf("defaults: %d %v %v", l.MaxFailures(), l.Window(), l.Strict())
 	}
 }
+
+// TestForwardedForIsIgnored: the default key never trusts X-Forwarded-For
+// (or any header): an attacker rotating it still hits the username's limit.
+func TestForwardedForIsIgnored(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	h := newLimiter(t, pool, signin.Options{MaxFailures: 3}).Handler(newApp(t, "alice"))
+	var last response
+	for i := 0; i < 4; i++ {
+		req := httptest.NewRequest(http.MethodPost, "/api/session", strings.NewReader(`{"username":"alice","password":"x"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-For", fmt.Sprintf("203.0.113.%d", i))
+		req.Header.Set("X-Real-IP", fmt.Sprintf("198.51.100.%d", i))
+		req.RemoteAddr = fmt.Sprintf("192.0.2.%d:1234", i)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		last = decode(t, rec.Result())
+	}
+	checkThrottled(t, last, 3, 15*time.Minute)
+}
