@@ -186,7 +186,7 @@ func (q *Queries) HeavyPermitList(ctx context.Context, db DBTX) ([]*HeavyPermitL
 
 const heavyPermitLockScopes = `-- name: HeavyPermitLockScopes :exec
 
-SELECT pg_advisory_xact_lock(1196, k.key)
+SELECT set_config('jit', 'off', true), pg_advisory_xact_lock(1196, k.key)
 FROM (
     SELECT DISTINCT hashtext(s.scope) AS key
     FROM unnest($1::text[]) AS s(scope)
@@ -207,6 +207,10 @@ FROM (
 // in one order (by key) so that claimers of two scopes cannot deadlock; the
 // two-key form with a per-table class id keeps clear of the application's
 // own single-key advisory locks.
+// It also turns JIT off for the rest of the transaction: the planner's
+// default row estimates for generate_series and generate_subscripts
+// inflate the claim's cost, and compiling it would cost far more than
+// running it.
 func (q *Queries) HeavyPermitLockScopes(ctx context.Context, db DBTX, scopes []string) error {
 	_, err := db.Exec(ctx, heavyPermitLockScopes, scopes)
 	return err

@@ -186,7 +186,7 @@ func (q *Queries) UploadWindowList(ctx context.Context, db DBTX) ([]*UploadWindo
 
 const uploadWindowLockScopes = `-- name: UploadWindowLockScopes :exec
 
-SELECT pg_advisory_xact_lock(1198, k.key)
+SELECT set_config('jit', 'off', true), pg_advisory_xact_lock(1198, k.key)
 FROM (
     SELECT DISTINCT hashtext(s.scope) AS key
     FROM unnest($1::text[]) AS s(scope)
@@ -208,6 +208,10 @@ FROM (
 // in one order (by key) so that claimers of two scopes cannot deadlock; the
 // two-key form with a per-table class id keeps clear of the application's
 // own single-key advisory locks.
+// It also turns JIT off for the rest of the transaction: the planner's
+// default row estimates for generate_series and generate_subscripts
+// inflate the claim's cost, and compiling it would cost far more than
+// running it.
 func (q *Queries) UploadWindowLockScopes(ctx context.Context, db DBTX, scopes []string) error {
 	_, err := db.Exec(ctx, uploadWindowLockScopes, scopes)
 	return err

@@ -13,7 +13,11 @@
 -- in one order (by key) so that claimers of two scopes cannot deadlock; the
 -- two-key form with a per-table class id keeps clear of the application's
 -- own single-key advisory locks.
-SELECT pg_advisory_xact_lock(1196, k.key)
+-- It also turns JIT off for the rest of the transaction: the planner's
+-- default row estimates for generate_series and generate_subscripts
+-- inflate the claim's cost, and compiling it would cost far more than
+-- running it.
+SELECT set_config('jit', 'off', true), pg_advisory_xact_lock(1196, k.key)
 FROM (
     SELECT DISTINCT hashtext(s.scope) AS key
     FROM unnest(@scopes::text[]) AS s(scope)
