@@ -46,6 +46,10 @@ lint: ## go vet and staticcheck
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
+.PHONY: loadcheck
+loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an independent observer (LOADCHECK_ARGS=-duration 10s ...)
+	$(GO) run ./cmd/loadcheck $(LOADCHECK_ARGS)
+
 .PHONY: bench
 bench: ## run the benchmarks and write BENCHMARKS.md
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// Slugs of the refusals the load check expects (REFERENCE-SERVICE.md).
+const (
+	slugHeavy    = "too-many-heavy-requests"
+	slugSignIn   = "too-many-failed-sign-ins"
+	slugUploads  = "too-many-uploads"
+	slugInFlight = "too-many-requests-in-flight"
+	slugInvalid  = "invalid-credentials"
+)
+
+// kind is what a request exercised.
+type kind int
+
+const (
+	kindConsole kind = iota
+	kindSignIn
+	kindUpload
+	kindNode
+)
+
+// never is the end of a request whose end the client does not know (a
+// transport error or a time-out): the server may still be working on it, so
+// it counts as a possible holder until the end of time.
+const never = time.Duration(1<<63 - 1)
+
+// record is one request as the client saw it: the ledger entry every
+// judgement is made from. start and end are offsets from the start of the
+// run: start just before the request was sent, end once the whole answer was
+// read.
+type record struct {
+	kind   kind
+	user   string // the user the token belongs to (console, upload, node)
+	token  string // the token's label (console, upload, node)
+	key    string // the username tried (sign-in)
+	start  time.Duration
+	end    time.Duration
+	status int     // 0: no answer (err)
+	slug   string  // the problem type slug of a problem+json answer
+	scope  string  // the scope member of a heavy refusal
+	share  float64 // rate.replica of a queue listing: the replica's node share
+	ready  int     // rate.readyReplicas of a queue listing
+	err    error
+}
+
+// refusedBy reports whether r was refused with slug.
+func (r *record) refusedBy(slug string) bool { return r.status == 429 && r.slug == slug }
+
+// unauthenticated reports whether r never got past authentication.
+func (r *record) unauthenticated() bool { return r.status == 401 && r.slug == "unauthorized" }
+
+// expected reports whether r's answer is one the load check expects for its
+// kind; anything else (a 5xx, a transport error, a time-out) is reported as
+// unexpected.
+func (r *record) expected() bool {
+	if r.err != nil {
+		return false
+	}
+	switch r.kind {
+	case kindConsole:
+		return r.status == 200 || r.refusedBy(slugHeavy) || r.refusedBy(slugInFlight)
+	case kindSignIn:
+		return (r.status == 401 && r.slug == slugInvalid) || r.refusedBy(slugSignIn)
+	case kindUpload:
+		return r.status == 201 || r.refusedBy(slugUploads) || r.refusedBy(slugInFlight)
+	case kindNode:
+		return r.status == 200 || r.refusedBy(slugInFlight)
+	}
+	return false
+}
+
+// rule says how to find the false refusals of one limit in the ledger.
+//
+// A refusal R is false when, by the ledger, fewer than cap other requests of
+// the same scope can have held a slot at any moment of R's life. A request
+// i can have held a slot at a moment of R's life only if it was sent before
+// R's answer came (i.start < R.end) and it may still have held the slot
+// after R was sent (i.end + hold + slack > R.start), where hold is how long a
+// slot outlives its request (0 for a permit released when the request ends;
+// the window for an upload or a failed sign-in) and slack covers a release
+// that happens after the client has read the answer. Requests that cannot
+// have taken a slot (holds false: refused before the claim, or refused by
+// this very limit) are not counted. Only the load check drives the service,
+// so every possible holder is in the ledger: the rule can miss a false
+// refusal but never invents one.
+type rule struct {
+	// in selects the requests of this limit (refusals and holders alike).
+	in func(*record) bool
+	// scope groups them: only requests of one scope compete.
+	scope func(*record) string
+	// refused selects the refusals by this limit.
+	refused func(*record) bool
+	// holds selects the requests that can have held a slot.
+	holds func(*record) bool
+	// cap is the limit.
+	cap int
+	// hold is how long a slot outlives its request.
+	hold time.Duration
+	// slack is added to every holder's end.
+	slack time.Duration
+}
+
+// judgeRefusals returns the number of refusals and of false refusals of
+// rule ru in recs.
+func judgeRefusals(recs []record, ru rule) (refused, falseRefused int) {
+	groups := map[string][]*record{}
+	for i := range recs {
+		r := &recs[i]
+		if ru.in(r) {
+			k := ru.scope(r)
+			groups[k] = append(groups[k], r)
+		}
+	}
+	for _, g := range groups {
+		for _, r := range g {
+			if !ru.refused(r) {
+				continue
+			}
+			refused++
+			holders := 0
+			for _, h := range g {
+				if h == r || !ru.holds(h) {
+					continue
+				}
+				end := h.end
+				if end != never {
+					end += ru.hold + ru.slack
+				}
+				if h.start < r.end && end > r.start {
+					holders++
+					if holders >= ru.cap {
+						break
+					}
+				}
+			}
+			if holders < ru.cap {
+				falseRefused++
+			}
+		}
+	}
+	return refused, falseRefused
+}
+
+// maxInWindow returns the most successes of one scope whose whole requests
+// (send to answer) fit in an interval shorter than window: their claims
+// then all happened less than window apart, so every one of them held a
+// slot of the rolling window at the moment of the last claim. More than
+// the limit is an over-grant, whatever the observation lag.
+func maxInWindow(recs []record, in func(*record) bool, scope func(*record) string, window time.Duration) int {
+	groups := map[string][]*record{}
+	for i := range recs {
+		r := &recs[i]
+		if in(r) {
+			groups[scope(r)] = append(groups[scope(r)], r)
+		}
+	}
+	best := 0
+	for _, g := range groups {
+		sort.Slice(g, func(i, j int) bool { return g[i].start < g[j].start })
+		for i, first := range g {
+			n := 0
+			for _, r := range g[i:] {
+				if r.end-first.start < window {
+					n++
+				}
+			}
+			best = max(best, n)
+		}
+	}
+	return best
+}
+
+// countBy returns the largest number of requests of one scope selected by in.
+func countBy(recs []record, in func(*record) bool, scope func(*record) string) int {
+	n := map[string]int{}
+	best := 0
+	for i := range recs {
+		if r := &recs[i]; in(r) {
+			n[scope(r)]++
+			best = max(best, n[scope(r)])
+		}
+	}
+	return best
+}
+
+// callsPerSecond counts calls by Unix second over the whole seconds that
+// start at least a second after from and end by to, and returns the most in
+// one second, the counts of those seconds in order, and the calls counted.
+// The replicas' token buckets start full (the burst the ADR allows: one
+// second of each replica's share, spent by the first calls); a second that
+// starts a second after the load began starts with the buckets empty.
+func callsPerSecond(calls []time.Time, from, to time.Time) (most int, series []int, total int) {
+	first := from.Add(time.Second).Truncate(time.Second)
+	if first.Before(from.Add(time.Second)) {
+		first = first.Add(time.Second)
+	}
+	last := to.Truncate(time.Second) // seconds from first up to, not including, last
+	if !last.After(first) {
+		return 0, nil, 0
+	}
+	series = make([]int, int(last.Sub(first)/time.Second))
+	for _, at := range calls {
+		if at.Before(first) || !at.Before(last) {
+			continue
+		}
+		series[int(at.Sub(first)/time.Second)]++
+		total++
+	}
+	for _, n := range series {
+		most = max(most, n)
+	}
+	return most, series, total
+}
+
+// envelopeExcess checks the calls of consecutive whole seconds against what
+// the replicas' token buckets can let through once their burst is spent:
+// in any n consecutive seconds at most perSecond×n sent, plus allowance
+// calls that a delivery delay (shorter than the spacing of one replica's
+// calls) moves into the window from the second before. It returns the
+// largest excess over that bound (0 or less: within it) and the window it
+// was found in (index of its first second, and its length).
+func envelopeExcess(series []int, perSecond, allowance int) (excess, at, n int) {
+	excess = math.MinInt
+	for i := range series {
+		sum := 0
+		for j := i; j < len(series); j++ {
+			sum += series[j]
+			if e := sum - perSecond*(j-i+1) - allowance; e > excess {
+				excess, at, n = e, i, j-i+1
+			}
+		}
+	}
+	if len(series) == 0 {
+		excess = 0
+	}
+	return excess, at, n
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/internal/replicaset"
+)
+
+func TestMain(m *testing.M) {
+	defer replicaset.Cleanup()
+	pgtest.Main(m)
+}
+
+var studioMigration = pgtest.Migration{FS: studioschema.FS(), Table: studioschema.VersionTable, LockID: studioschema.LockID}
+
+// shortConfig is the load check `make test` runs: a few seconds of load.
+func shortConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.DatabaseURL = pgtest.URL(t, studioMigration)
+	cfg.Duration = 5 * time.Second
+	cfg.LogDir = t.TempDir()
+	cfg.ProgressEvery = time.Second
+	cfg.Progress = testWriter{t}
+	return cfg
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func runCheck(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	t.Log(out.String())
+	return rep
+}
+
+// TestLoadCheckShort is the short run of `make test`: three replicas under
+// load for 5 s. Every limit holds by its independent observer, every limit
+// is reached (something was refused and the observer saw the limit), no
+// refusal was false, and no answer was unexpected. (Not parallel: it is a
+// load test, and the machine's other load would only slow it.)
+func TestLoadCheckShort(t *testing.T) {
+	rep := runCheck(t, shortConfig(t))
+	for _, row := range rep.Rows {
+		if row.Verdict != VerdictOK {
+			t.Errorf("%s: verdict %s (highest %d of %d, %d refused); want ok", row.Limit, row.Verdict, row.Highest, row.Cap, row.Refused)
+		}
+		// The node may see a call more in a second (delivery delay); every
+		// other observer's highest is at most the limit.
+		if row.Highest < row.Cap {
+			t.Errorf("%s: the observer saw at most %d, limit %d: the load did not reach it", row.Limit, row.Highest, row.Cap)
+		}
+		if row.FalseRefusals > 0 {
+			t.Errorf("%s: %d false refusals", row.Limit, row.FalseRefusals)
+		}
+		if row.Requests == 0 {
+			t.Errorf("%s: no requests", row.Limit)
+		}
+	}
+	if len(rep.Unexpected) > 0 {
+		t.Errorf("unexpected answers: %v", rep.Unexpected)
+	}
+	if rep.Failed() {
+		t.Error("the report failed")
+	}
+}
+
+// TestLoadCheckSeesExcess starts the replicas with looser limits than the
+// check judges (as if a limit did not hold across replicas): every row must
+// come out EXCEEDED, so each observer is shown able to fail, and the logs
+// must be kept.
+func TestLoadCheckSeesExcess(t *testing.T) {
+	cfg := shortConfig(t)
+	cfg.studioOverride = []string{
+		"-sql-console-cap", "4", // per user: 2 tokens × 3 loops; judged 2
+		"-pool-max-conns", "48", // installation cap 12; judged 4
+		"-token-in-flight", "4", // 3 loops per console token; judged 2
+		"-sign-in-failures", "6", // 8 attempts a round; judged 3
+		"-uploads-per-hour", "8", // judged 3
+		"-node-rate", "12", // 4/s per replica; judged 6 (2/s)
+	}
+	rep := runCheck(t, cfg)
+	for _, row := range rep.Rows {
+		if row.Verdict != VerdictExceeded {
+			t.Errorf("%s: verdict %s (highest %d of %d); want EXCEEDED", row.Limit, row.Verdict, row.Highest, row.Cap)
+		}
+	}
+	if !rep.Failed() || rep.LogDir == "" {
+		t.Errorf("failed %v, log dir %q", rep.Failed(), rep.LogDir)
+	}
+}
+
+func rec(k kind, scope string, start, end int, status int, slug string) record {
+	r := record{kind: k, start: ms(start), end: ms(end), status: status, slug: slug}
+	if end < 0 {
+		r.end = never
+	}
+	switch k {
+	case kindSignIn:
+		r.key = scope
+	default:
+		r.user, r.token = scope, scope
+	}
+	return r
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// TestJudgeRefusals pins the false-refusal rule on hand-made ledgers.
+func TestJudgeRefusals(t *testing.T) {
+	t.Parallel()
+	inFlight := rule{
+		in:      func(r *record) bool { return r.token != "" },
+		scope:   func(r *record) string { return r.token },
+		refused: func(r *record) bool { return r.refusedBy(slugInFlight) },
+		holds:   func(r *record) bool { return !r.refusedBy(slugInFlight) },
+		cap:     2, slack: ms(5),
+	}
+	refusal := func(start, end int) record { return rec(kindConsole, "t", start, end, 429, slugInFlight) }
+	ok := func(start, end int) record { return rec(kindConsole, "t", start, end, 200, "") }
+	window := inFlight
+	window.hold = ms(1000)
+	for _, tc := range []struct {
+		name      string
+		ru        rule
+		recs      []record
+		wantFalse int
+	}{
+		{"two holders overlap: a true refusal", inFlight, []record{ok(0, 100), ok(10, 110), refusal(50, 55)}, 0},
+		{"one holder: false", inFlight, []record{ok(0, 100), refusal(50, 55)}, 1},
+		{"a holder ended before the refusal was sent: false", inFlight, []record{ok(0, 100), ok(0, 40), refusal(50, 55)}, 1},
+		{"a holder ended within the slack: counted", inFlight, []record{ok(0, 100), ok(0, 47), refusal(50, 55)}, 0},
+		{"a holder sent after the answer: false", inFlight, []record{ok(0, 100), ok(56, 90), refusal(50, 55)}, 1},
+		{"refused requests hold nothing", inFlight, []record{ok(0, 100), refusal(0, 100), refusal(50, 55)}, 2},
+		{"other scopes do not count", inFlight, []record{ok(0, 100), rec(kindConsole, "u", 0, 100, 200, ""), refusal(50, 55)}, 1},
+		{"a request without an answer holds forever", inFlight, []record{ok(0, 100), rec(kindConsole, "t", 0, -1, 0, ""), refusal(500, 505)}, 1},
+		{"a request without an answer, both", inFlight, []record{rec(kindConsole, "t", 0, -1, 0, ""), rec(kindConsole, "t", 1, -1, 0, ""), refusal(500, 505)}, 0},
+		{"a window holds the slot after the answer", window, []record{ok(0, 10), ok(0, 20), refusal(900, 905)}, 0},
+		{"but not beyond it", window, []record{ok(0, 10), ok(0, 20), refusal(1020, 1025)}, 1},
+	} {
+		_, got := judgeRefusals(tc.recs, tc.ru)
+		if got != tc.wantFalse {
+			t.Errorf("%s: %d false refusals, want %d", tc.name, got, tc.wantFalse)
+		}
+	}
+}
+
+func TestMaxInWindow(t *testing.T) {
+	t.Parallel()
+	up := func(start, end int) record { return rec(kindUpload, "alice", start, end, 201, "") }
+	in := func(r *record) bool { return r.status == 201 }
+	scope := func(r *record) string { return r.user }
+	for _, tc := range []struct {
+		name string
+		recs []record
+		want int
+	}{
+		{"none", nil, 0},
+		{"three at once", []record{up(0, 10), up(1, 12), up(2, 9)}, 3},
+		{"a window apart", []record{up(0, 10), up(1, 12), up(1000, 1010)}, 2},
+		{"spanning just under a window", []record{up(0, 10), up(500, 510), up(980, 999)}, 3},
+		{"spanning exactly a window", []record{up(0, 10), up(500, 510), up(990, 1000)}, 2},
+		{"other users apart", []record{up(0, 10), rec(kindUpload, "bob", 0, 10, 201, ""), rec(kindUpload, "bob", 5, 10, 201, "")}, 2},
+	} {
+		if got := maxInWindow(tc.recs, in, scope, time.Second); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestCallsPerSecond(t *testing.T) {
+	t.Parallel()
+	from := time.Date(2026, 1, 1, 0, 0, 0, 900_000_000, time.UTC) // 00:00:00.9
+	at := func(s float64) time.Time {
+		return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(s * float64(time.Second)))
+	}
+	calls := []time.Time{
+		at(0.95), at(0.95), at(1.0), at(1.5), at(1.95), // before 00:00:02 (within a second of from): the burst
+		at(2.0), at(2.5), at(2.9), // second 2
+		at(3.1),           // second 3
+		at(4.5), at(4.99), // second 4 ends at to: not whole
+	}
+	to := at(4.99)
+	most, series, total := callsPerSecond(calls, from, to)
+	if most != 3 || total != 4 || !cmp.Equal(series, []int{3, 1}) {
+		t.Fatalf("most %d, total %d, series %v", most, total, series)
+	}
+	if most, series, _ := callsPerSecond(calls, from, from.Add(time.Second)); most != 0 || series != nil {
+		t.Fatalf("a run shorter than the burst judged %v", series)
+	}
+}
+
+func TestParseMarker(t *testing.T) {
+	t.Parallel()
+	const m = "lc-ab12:"
+	for _, tc := range []struct {
+		q, user, token string
+		ok             bool
+	}{
+		{"SELECT pg_sleep(0.2), 'lc-ab12:alice:alice-t1'", "alice", "alice-t1", true},
+		{"SELECT pg_sleep(0.2), 'lc-ffff:alice:alice-t1'", "", "", false},
+		{"SELECT 'lc-ab12:alice'", "", "", false},
+		{"SELECT 'lc-ab12::x'", "", "", false},
+		{"SELECT 'lc-ab12:alice:t", "", "", false},
+		{"", "", "", false},
+	} {
+		u, tok, ok := parseMarker(tc.q, m)
+		if u != tc.user || tok != tc.token || ok != tc.ok {
+			t.Errorf("%q: %q %q %v", tc.q, u, tok, ok)
+		}
+	}
+}
+
+// TestFlags: bad input is refused before anything starts.
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-replicas", "0"},
+		{"-replicas", "17"},
+		{"-duration", "0s"},
+		{"-duration", "11m"},
+		{"-sign-in-window", "5s"},
+		{"-upload-window", "10ms"},
+		{"-sql-console-cap", "0"},
+		{"-console-sleep", "1ms"},
+		{"-pause", "-1s"},
+		{"-nope"},
+		{"extra"},
+	} {
+		code, err := run(args)
+		if code != 2 || err == nil {
+			t.Errorf("%v: exit %d, %v; want 2 and an error", args, code, err)
+		}
+	}
+	if code, err := run([]string{"-h"}); code != 0 || !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %d %v", code, err)
+	}
+}
+
+func TestEnvelopeExcess(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		series        []int
+		wantExcess    int
+		wantAt, wantN int
+	}{
+		{nil, 0, 0, 0},
+		{[]int{6, 6, 6}, -3, 0, 1},
+		{[]int{6, 5, 7}, -2, 2, 1},   // a call delayed across a boundary
+		{[]int{9, 3, 6}, 0, 0, 1},    // within the allowance, once
+		{[]int{7, 7, 7, 7}, 1, 0, 4}, // a sustained 7/s: over after 4 s
+		{[]int{12, 12}, 9, 0, 2},
+	} {
+		e, at, n := envelopeExcess(tc.series, 6, 3)
+		if e != tc.wantExcess || at != tc.wantAt || n != tc.wantN {
+			t.Errorf("%v: excess %d at %d for %d s; want %d at %d for %d", tc.series, e, at, n, tc.wantExcess, tc.wantAt, tc.wantN)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+// Verdict is the judgement of one limit.
+type Verdict string
+
+// Verdicts.
+const (
+	// VerdictOK: the observer never saw more than the limit, and the load
+	// reached it.
+	VerdictOK Verdict = "ok"
+	// VerdictExceeded: the observer saw more than the limit.
+	VerdictExceeded Verdict = "EXCEEDED"
+	// VerdictNotReached: nothing was refused and the observer never saw
+	// the limit reached; the load proved nothing about it.
+	VerdictNotReached Verdict = "not reached"
+	// VerdictDocumented: above the limit in a way the design documents
+	// (sign-in normal mode, node rate rounding); not a failure.
+	VerdictDocumented Verdict = "documented"
+)
+
+// Row is one limit's line of the report.
+type Row struct {
+	Limit      string
+	Configured string
+	Cap        int
+	// Highest is the most the independent observer saw.
+	Highest  int
+	Requests int
+	Refused  int
+	// FalseRefusals is -1 where a limit does not refuse (the node rate
+	// makes a call wait).
+	FalseRefusals int
+	Verdict       Verdict
+	Note          string
+}
+
+// Report is a load check's outcome.
+type Report struct {
+	Config Config
+	Rows   []Row
+	// Unexpected counts answers the load did not expect (5xx, transport
+	// errors), by kind, status and slug.
+	Unexpected map[string]int
+	// Samples and SampleInterval describe the pg_stat_activity observer.
+	Samples        int
+	SampleInterval time.Duration
+	// LogDir holds the children's logs; "" when they were removed.
+	LogDir string
+}
+
+// Exceeded reports whether any limit was exceeded.
+func (r *Report) Exceeded() bool {
+	for _, row := range r.Rows {
+		if row.Verdict == VerdictExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// Failed reports whether the check failed: a limit exceeded or answers
+// the load did not expect.
+func (r *Report) Failed() bool { return r.Exceeded() || len(r.Unexpected) > 0 }
+
+// Row returns the row of the limit named name.
+func (r *Report) Row(name string) (Row, bool) {
+	for _, row := range r.Rows {
+		if row.Limit == name {
+			return row, true
+		}
+	}
+	return Row{}, false
+}
+
+// Print writes the table, the definitions and where the logs are.
+func (r *Report) Print(w io.Writer) {
+	c := r.Config
+	fmt.Fprintf(w, "\npglimit load check: %d replicas of cmd/studio, %v of load\n\n", c.Replicas, c.Duration)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "limit\tconfigured\thighest observed\trequests\trefused\tfalse refusals\tverdict")
+	for _, row := range r.Rows {
+		fr := "-"
+		if row.FalseRefusals >= 0 {
+			fr = strconv.Itoa(row.FalseRefusals)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", row.Limit, row.Configured, row.Highest, row.Requests, row.Refused, fr, row.Verdict)
+	}
+	tw.Flush()
+	for _, row := range r.Rows {
+		if row.Note != "" {
+			fmt.Fprintf(w, "  %s: %s\n", row.Limit, row.Note)
+		}
+	}
+	if len(r.Unexpected) > 0 {
+		fmt.Fprintln(w, "\nunexpected answers:")
+		keys := make([]string, 0, len(r.Unexpected))
+		for k := range r.Unexpected {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "  %6d  %s\n", r.Unexpected[k], k)
+		}
+	}
+	fmt.Fprintf(w, `
+observers (none of them reads pglimit's tables):
+  sql-console, installation, in-flight: pg_stat_activity, polled %d times (every %v on average),
+    counting active console statements by the marker in their text ('lc-<run>:<user>:<token>');
+    a statement is active only while its request holds its permit and its slot, so a count
+    above the limit is an over-grant, never a sampling artefact.
+  sign-in: the answers; highest = most 401 invalid-credentials for one username in its window.
+  uploads: the answers; highest = most 201 for one user whose requests (send to answer) all
+    fit in less than one window, so their claims were less than a window apart.
+  node rate: the fake node's own record of the calls it received, by second, from the end of
+    the warm-up (every replica answered rate.replica = ceil(rate/replicas)), leaving out the
+    first second (the token buckets start full: the burst the ADR allows).
+false refusal: a 429 of a limit although, by the client's ledger of every request it sent,
+  fewer than the limit's value of other requests of the same scope can have held a slot at
+  any moment between the refused request's send and its answer (a request is a possible
+  holder from its send to its answer + %v slack, + the window for uploads and failed
+  sign-ins, unless it was refused before it could claim). Only the load check drives the
+  service, so this can miss a false refusal, never invent one.
+`, r.Samples, r.SampleInterval.Round(time.Microsecond), c.Slack)
+	if r.LogDir != "" {
+		fmt.Fprintf(w, "\nlogs of the replicas and the database: %s\n", r.LogDir)
+	}
+	switch {
+	case r.Exceeded():
+		fmt.Fprintln(w, "\nFAIL: a limit was exceeded")
+	case r.Failed():
+		fmt.Fprintln(w, "\nFAIL: unexpected answers")
+	default:
+		fmt.Fprintln(w, "\nPASS: no limit exceeded")
+	}
+}

@@ -1,0 +1,772 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime/multipart"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pglimit/pglimit/internal/embedpg"
+	"github.com/pglimit/pglimit/internal/replicaset"
+	"github.com/pglimit/pglimit/nodelimit/fakenode"
+)
+
+// Config is one load check: the limits the replicas are started with (and
+// judged against), the load and its length.
+type Config struct {
+	// DatabaseURL is the primary the replicas share; "" starts an embedded
+	// throwaway PostgreSQL.
+	DatabaseURL string
+	// Replicas is the number of cmd/studio processes.
+	Replicas int
+	// Duration is how long the load runs (after the warm-up).
+	Duration time.Duration
+	// Studio is a built cmd/studio binary; "" builds one.
+	Studio string
+	// LogDir keeps the replicas' and the database's logs; "" makes a
+	// temporary directory, removed after a run that passed unless KeepLogs.
+	LogDir   string
+	KeepLogs bool
+	// Progress receives a line of live progress every ProgressEvery.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+
+	// The limits, as cmd/studio's flags of the same names.
+	SQLConsoleCap  int
+	PoolMaxConns   int
+	SignInFailures int
+	SignInWindow   time.Duration
+	SignInStrict   bool
+	UploadsPerHour int
+	UploadWindow   time.Duration
+	TokenInFlight  int
+	NodeRate       int
+
+	// Queues is the fake node's number of queues (a queue listing is one
+	// search call and one read call per 200 queues).
+	Queues int
+	// ConsoleSleep is how long each console statement sleeps.
+	ConsoleSleep time.Duration
+	// TokensPerUser and WorkersPerToken shape the console load: each user
+	// runs WorkersPerToken loops on each of TokensPerUser tokens.
+	TokensPerUser, WorkersPerToken int
+	// Pause is how long a loop waits after a refusal before it tries again.
+	Pause time.Duration
+	// Slack is added to the end of every request when false refusals are
+	// judged (a slot may be released just after the client read the answer).
+	Slack time.Duration
+	// WarmupTimeout bounds the wait for every replica to take its share
+	// of the node rate.
+	WarmupTimeout time.Duration
+
+	// studioOverride are flags given to the replicas after the judged
+	// ones: the tests use it to start replicas with looser limits than
+	// the check judges, to prove the check sees an excess.
+	studioOverride []string
+}
+
+// DefaultConfig is what `make loadcheck` runs.
+func DefaultConfig() Config {
+	return Config{
+		Replicas: 3, Duration: 30 * time.Second, ProgressEvery: time.Second,
+		SQLConsoleCap: 2, PoolMaxConns: 16, SignInFailures: 3, SignInWindow: 10 * time.Minute, SignInStrict: true,
+		UploadsPerHour: 3, UploadWindow: 5 * time.Second, TokenInFlight: 2, NodeRate: 6,
+		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3,
+		Pause: 50 * time.Millisecond, Slack: 25 * time.Millisecond, WarmupTimeout: 40 * time.Second,
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	atLeast := func(name string, v, lo int) {
+		if v < lo {
+			errs = append(errs, fmt.Errorf("-%s must be at least %d", name, lo))
+		}
+	}
+	atLeast("replicas", c.Replicas, 1)
+	atLeast("sql-console-cap", c.SQLConsoleCap, 1)
+	atLeast("pool-max-conns", c.PoolMaxConns, 1)
+	atLeast("sign-in-failures", c.SignInFailures, 1)
+	atLeast("uploads-per-hour", c.UploadsPerHour, 1)
+	atLeast("token-in-flight", c.TokenInFlight, 1)
+	atLeast("node-rate", c.NodeRate, 1)
+	atLeast("queues", c.Queues, 1)
+	atLeast("tokens-per-user", c.TokensPerUser, 1)
+	atLeast("workers-per-token", c.WorkersPerToken, 1)
+	if c.Replicas > 16 {
+		errs = append(errs, errors.New("-replicas must be at most 16"))
+	}
+	if c.Duration < time.Second || c.Duration > 10*time.Minute {
+		errs = append(errs, errors.New("-duration must be from 1s to 10m"))
+	}
+	// A sign-in round lasts well under a second; a window this long holds
+	// each round's failures, so counting them per username is per window.
+	if c.SignInWindow < 10*time.Second {
+		errs = append(errs, errors.New("-sign-in-window must be at least 10s"))
+	}
+	if c.UploadWindow < time.Second {
+		errs = append(errs, errors.New("-upload-window must be at least 1s"))
+	}
+	if c.ConsoleSleep < 10*time.Millisecond || c.ConsoleSleep > 10*time.Second {
+		errs = append(errs, errors.New("-console-sleep must be from 10ms to 10s"))
+	}
+	if c.Pause < 0 || c.Slack < 0 || c.WarmupTimeout <= 0 || c.ProgressEvery < 0 {
+		errs = append(errs, errors.New("-pause, -slack must not be negative and -warmup-timeout must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// installationCap is cmd/studio's installation-wide heavy cap.
+func (c *Config) installationCap() int { return max(1, c.PoolMaxConns/4) }
+
+// nodeShare is each replica's part of the node rate: ceil(rate / replicas).
+func (c *Config) nodeShare() int { return (c.NodeRate + c.Replicas - 1) / c.Replicas }
+
+var users = []string{"alice", "bob", "carol"}
+
+// loadRun is one run in progress.
+type loadRun struct {
+	cfg    Config
+	run    string // the run's id, in markers and probe usernames
+	marker string
+	procs  []*replicaset.Proc
+	client *http.Client
+	t0     time.Time
+
+	mu     sync.Mutex
+	ledger []record
+
+	next                                atomic.Uint64 // round-robin over replicas
+	consoleOK, consoleRefused           atomic.Int64
+	signFailed, signRefused, signRounds atomic.Int64
+	uploadOK, uploadRefused, nodeOK     atomic.Int64
+	unexpected                          atomic.Int64
+}
+
+// Run runs a load check and returns its report. An error means the check
+// could not be run (or judged); a report whose Exceeded is true means a
+// limit did not hold.
+func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	ownLogs := cfg.LogDir == ""
+	if ownLogs {
+		if cfg.LogDir, err = os.MkdirTemp("", "pglimit-loadcheck-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	passed := false
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w\nlogs of the replicas and the database: %s", err, cfg.LogDir)
+			return
+		}
+		if passed && ownLogs && !cfg.KeepLogs {
+			_ = os.RemoveAll(cfg.LogDir)
+			if rep != nil {
+				rep.LogDir = ""
+			}
+		}
+	}()
+
+	id := make([]byte, 4)
+	_, _ = rand.Read(id)
+	lr := &loadRun{cfg: cfg, run: hex.EncodeToString(id)}
+	lr.marker = "lc-" + lr.run + ":"
+	lr.client = &http.Client{
+		Timeout:   60 * time.Second,
+		Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute},
+	}
+	defer lr.client.CloseIdleConnections()
+
+	dbURL := cfg.DatabaseURL
+	if dbURL == "" {
+		logf, err := os.Create(filepath.Join(cfg.LogDir, "postgres.log"))
+		if err != nil {
+			return nil, err
+		}
+		defer logf.Close()
+		fmt.Fprintln(cfg.Progress, "loadcheck: no DATABASE_URL: starting an embedded PostgreSQL")
+		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		cluster, err := embedpg.Start(startCtx, embedpg.Options{Log: logf})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("embedded PostgreSQL: %w", err)
+		}
+		defer func() { _ = cluster.Stop() }()
+		dbURL = cluster.URL("postgres")
+	}
+
+	node, err := fakenode.New(fakenode.Options{Queues: cfg.Queues, Broker: "loadcheck"})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	nodeSrv := &http.Server{Handler: node, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = nodeSrv.Serve(ln) }()
+	defer nodeSrv.Close()
+
+	bin := cfg.Studio
+	if bin == "" {
+		fmt.Fprintln(cfg.Progress, "loadcheck: building cmd/studio")
+		if bin, err = replicaset.Build("github.com/pglimit/pglimit/cmd/studio"); err != nil {
+			return nil, err
+		}
+		defer replicaset.Cleanup()
+	}
+	args := []string{"-demo",
+		"-sql-console-cap", strconv.Itoa(cfg.SQLConsoleCap),
+		"-pool-max-conns", strconv.Itoa(cfg.PoolMaxConns),
+		"-sign-in-failures", strconv.Itoa(cfg.SignInFailures),
+		"-sign-in-window", cfg.SignInWindow.String(),
+		"-sign-in-strict=" + strconv.FormatBool(cfg.SignInStrict),
+		"-uploads-per-hour", strconv.Itoa(cfg.UploadsPerHour),
+		"-upload-window", cfg.UploadWindow.String(),
+		"-token-in-flight", strconv.Itoa(cfg.TokenInFlight),
+		"-node", "b1=http://" + ln.Addr().String(),
+		"-node-rate", strconv.Itoa(cfg.NodeRate),
+		"-heartbeat", "500ms",
+	}
+	args = append(args, cfg.studioOverride...)
+	fmt.Fprintf(cfg.Progress, "loadcheck: starting %d replicas of cmd/studio (logs in %s)\n", cfg.Replicas, cfg.LogDir)
+	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	lr.procs, err = replicaset.Start(startCtx, replicaset.Options{
+		Binary: bin, N: cfg.Replicas, DatabaseURL: dbURL, Args: args, LogDir: cfg.LogDir,
+	})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, p := range lr.procs {
+			p.Stop()
+		}
+	}()
+
+	tokens, err := lr.tokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(cfg.Progress, "loadcheck: waiting until every replica takes its share of the node rate (%d/s of %d/s)\n", cfg.nodeShare(), cfg.NodeRate)
+	if err := lr.warmUp(ctx, tokens.node[0]); err != nil {
+		return nil, err
+	}
+
+	obs, err := newObserver(ctx, dbURL, lr.marker)
+	if err != nil {
+		return nil, fmt.Errorf("observer: %w", err)
+	}
+	obsCtx, stopObs := context.WithCancel(ctx)
+	obsErr := make(chan error, 1)
+	go func() { obsErr <- obs.run(obsCtx) }()
+
+	fmt.Fprintf(cfg.Progress, "loadcheck: load for %v\n", cfg.Duration)
+	node.Reset()
+	lr.t0 = time.Now()
+	deadline := lr.t0.Add(cfg.Duration)
+	loadCtx, stopLoad := context.WithDeadline(ctx, deadline)
+	// Requests already sent when the load stops finish (each is bounded by
+	// the client's time-out); none is sent after the deadline.
+	var wg sync.WaitGroup
+	lr.startLoad(loadCtx, &wg, tokens)
+	progressDone := make(chan struct{})
+	go func() { lr.progress(loadCtx, obs, node); close(progressDone) }()
+	wg.Wait()
+	stopLoad()
+	<-progressDone
+	stopObs()
+	if err := <-obsErr; err != nil {
+		return nil, fmt.Errorf("observer: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rep = lr.judge(obs.peaks(), node, deadline)
+	rep.LogDir = cfg.LogDir
+	passed = !rep.Failed()
+	return rep, nil
+}
+
+// tokenSet are the API tokens of the load, each a separate in-flight scope.
+type tokenSet struct {
+	console map[string][]labelled // per user
+	upload  map[string]labelled   // per user
+	node    []labelled            // per replica
+}
+
+type labelled struct{ label, user, token string }
+
+// tokens signs in for the session tokens the load needs beside the demo
+// tokens: console load runs on alice-token, bob-token, carol-token and
+// TokensPerUser-1 session tokens per user; uploads and node reads have
+// tokens of their own so that their requests in flight do not take the
+// console's.
+func (lr *loadRun) tokens(ctx context.Context) (*tokenSet, error) {
+	ts := &tokenSet{console: map[string][]labelled{}, upload: map[string]labelled{}}
+	for _, u := range users {
+		ts.console[u] = append(ts.console[u], labelled{u + "-t1", u, u + "-token"})
+		for i := 2; i <= lr.cfg.TokensPerUser; i++ {
+			tok, err := lr.signIn(ctx, u)
+			if err != nil {
+				return nil, err
+			}
+			ts.console[u] = append(ts.console[u], labelled{fmt.Sprintf("%s-t%d", u, i), u, tok})
+		}
+		tok, err := lr.signIn(ctx, u)
+		if err != nil {
+			return nil, err
+		}
+		ts.upload[u] = labelled{u + "-upload", u, tok}
+	}
+	for i := range lr.procs {
+		tok, err := lr.signIn(ctx, "bob")
+		if err != nil {
+			return nil, err
+		}
+		ts.node = append(ts.node, labelled{fmt.Sprintf("node-%d", i+1), "bob", tok})
+	}
+	return ts, nil
+}
+
+func (lr *loadRun) signIn(ctx context.Context, user string) (string, error) {
+	body, _ := json.Marshal(map[string]string{"username": user, "password": "studio"})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, lr.procs[0].URL+"/api/session", bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := lr.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Token string `json:"token"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || out.Token == "" {
+		return "", fmt.Errorf("sign-in of %s: status %d, %v", user, resp.StatusCode, err)
+	}
+	return out.Token, nil
+}
+
+// warmUp waits until every replica answers a queue listing with
+// readyReplicas equal to the number of replicas and rate.replica equal to
+// its share of the node's rate, ceil(rate.installation / replicas): each
+// replica re-reads the ready count at most every 5 s, and judging the node
+// rate before all of them divide by the same count would judge the
+// start-up, not the limit.
+func (lr *loadRun) warmUp(ctx context.Context, tok labelled) error {
+	deadline := time.Now().Add(lr.cfg.WarmupTimeout)
+	n := len(lr.procs)
+	for _, p := range lr.procs {
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/nodes/b1/queues", nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+tok.token)
+			var got struct {
+				Rate struct {
+					Installation  float64 `json:"installation"`
+					Replica       float64 `json:"replica"`
+					ReadyReplicas int     `json:"readyReplicas"`
+				} `json:"rate"`
+			}
+			resp, err := lr.client.Do(req)
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+				_ = json.NewDecoder(resp.Body).Decode(&got)
+				resp.Body.Close()
+			}
+			want := math.Ceil(got.Rate.Installation / float64(n))
+			if status == 200 && got.Rate.ReadyReplicas == n && got.Rate.Replica == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s did not take its share of the node rate within %v: last answer %d, rate %+v, %v",
+					p.Name, lr.cfg.WarmupTimeout, status, got.Rate, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func (lr *loadRun) replica() *replicaset.Proc {
+	return lr.procs[int(lr.next.Add(1)-1)%len(lr.procs)]
+}
+
+func (lr *loadRun) add(r record) {
+	if !r.expected() {
+		lr.unexpected.Add(1)
+	}
+	lr.mu.Lock()
+	lr.ledger = append(lr.ledger, r)
+	lr.mu.Unlock()
+}
+
+// startLoad starts every loop; each stops when ctx ends.
+func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenSet) {
+	loop := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				f()
+			}
+		}()
+	}
+	pause := func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(lr.cfg.Pause):
+		}
+	}
+	for _, u := range users {
+		for _, tok := range ts.console[u] {
+			sql := fmt.Sprintf("SELECT pg_sleep(%g), '%s%s:%s'", lr.cfg.ConsoleSleep.Seconds(), lr.marker, u, tok.label)
+			body, _ := json.Marshal(map[string]string{"sql": sql})
+			for range lr.cfg.WorkersPerToken {
+				loop(func() {
+					r := lr.do(ctx, record{kind: kindConsole, user: u, token: tok.label}, http.MethodPost, "/api/sql", tok.token, "application/json", body)
+					if r.status == 200 {
+						lr.consoleOK.Add(1)
+						return
+					}
+					lr.consoleRefused.Add(1)
+					pause()
+				})
+			}
+		}
+		tok := ts.upload[u]
+		for i := range lr.cfg.TokenInFlight {
+			loop(func() {
+				body, ctype := plugin(fmt.Sprintf("lc-%s-%s-%d.jar", lr.run, u, i))
+				r := lr.do(ctx, record{kind: kindUpload, user: u, token: tok.label}, http.MethodPost, "/api/plugins", tok.token, ctype, body)
+				if r.status == 201 {
+					lr.uploadOK.Add(1)
+					return
+				}
+				lr.uploadRefused.Add(1)
+				pause()
+			})
+		}
+	}
+	for i, tok := range ts.node {
+		p := lr.procs[i]
+		for range lr.cfg.TokenInFlight {
+			loop(func() {
+				r := lr.doOn(ctx, p, record{kind: kindNode, user: tok.user, token: tok.label}, http.MethodGet, "/api/nodes/b1/queues", tok.token, "", nil)
+				if r.status == 200 {
+					lr.nodeOK.Add(1)
+					return
+				}
+				pause()
+			})
+		}
+	}
+	loop(func() { lr.signInRound(ctx) })
+}
+
+// signInRound tries wrong passwords for a fresh username, 2×limit+2 at
+// once spread over the replicas, and waits for every answer.
+func (lr *loadRun) signInRound(ctx context.Context) {
+	k := lr.signRounds.Add(1)
+	username := fmt.Sprintf("lc-%s-%d", lr.run, k)
+	body, _ := json.Marshal(map[string]string{"username": username, "password": "wrong"})
+	var wg sync.WaitGroup
+	for range 2*lr.cfg.SignInFailures + 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := lr.do(ctx, record{kind: kindSignIn, key: username}, http.MethodPost, "/api/session", "", "application/json", body)
+			switch {
+			case r.status == 401:
+				lr.signFailed.Add(1)
+			case r.status == 429:
+				lr.signRefused.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// plugin is a small multipart upload.
+func plugin(name string) ([]byte, string) {
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	fw, _ := mw.CreateFormFile("file", name)
+	_, _ = fw.Write([]byte("load check plugin " + name))
+	_ = mw.Close()
+	return b.Bytes(), mw.FormDataContentType()
+}
+
+func (lr *loadRun) do(ctx context.Context, r record, method, path, token, ctype string, body []byte) record {
+	return lr.doOn(ctx, lr.replica(), r, method, path, token, ctype, body)
+}
+
+// doOn sends one request to p, reads the whole answer, and enters it in
+// the ledger. A request the load's end cut short is not entered: it was
+// never answered, and the client stopped it, not the service.
+func (lr *loadRun) doOn(ctx context.Context, p *replicaset.Proc, r record, method, path, token, ctype string, body []byte) record {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	// The request outlives the load's deadline: one sent before it is
+	// answered, so that the ledger holds every slot taken.
+	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), method, p.URL+path, rd)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	r.start = time.Since(lr.t0)
+	resp, err := lr.client.Do(req)
+	if err != nil {
+		r.err, r.end = err, never
+		lr.add(r)
+		return r
+	}
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r.end = time.Since(lr.t0)
+	r.status = resp.StatusCode
+	if err != nil {
+		r.err, r.end = err, never
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		var p struct {
+			Type  string `json:"type"`
+			Scope string `json:"scope"`
+		}
+		_ = json.Unmarshal(data, &p)
+		r.slug = p.Type[strings.LastIndexAny(p.Type, ":/")+1:]
+		r.scope = p.Scope
+	}
+	if r.kind == kindNode && r.status == 200 {
+		var q struct {
+			Rate struct {
+				Replica       float64 `json:"replica"`
+				ReadyReplicas int     `json:"readyReplicas"`
+			} `json:"rate"`
+		}
+		_ = json.Unmarshal(data, &q)
+		r.share, r.ready = q.Rate.Replica, q.Rate.ReadyReplicas
+	}
+	lr.add(r)
+	return r
+}
+
+// progress prints a line every ProgressEvery until ctx ends.
+func (lr *loadRun) progress(ctx context.Context, obs *observer, node *fakenode.Node) {
+	if lr.cfg.ProgressEvery <= 0 {
+		<-ctx.Done()
+		return
+	}
+	t := time.NewTicker(lr.cfg.ProgressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pk := obs.peaks()
+		st := node.Stats()
+		last := 0
+		if n := len(st.PerSecond); n > 1 {
+			last = st.PerSecond[n-2].Calls // the last complete second
+		}
+		fmt.Fprintf(lr.cfg.Progress,
+			"%5.0fs  console %d ok %d refused, running peak user %d/%d inst %d/%d token %d/%d | sign-in rounds %d: %d×401 %d×429 | uploads %d×201 %d×429 | node %d calls, %d last s (%d/s) | unexpected %d\n",
+			time.Since(lr.t0).Seconds(), lr.consoleOK.Load(), lr.consoleRefused.Load(),
+			pk.User, lr.cfg.SQLConsoleCap, pk.Installation, lr.cfg.installationCap(), pk.Token, lr.cfg.TokenInFlight,
+			lr.signRounds.Load(), lr.signFailed.Load(), lr.signRefused.Load(),
+			lr.uploadOK.Load(), lr.uploadRefused.Load(), st.Calls, last, lr.cfg.NodeRate, lr.unexpected.Load())
+	}
+}
+
+// judge turns the ledger, the observer's peaks and the node's calls into
+// the report.
+func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Report {
+	c := lr.cfg
+	recs := lr.ledger
+	rep := &Report{Config: c, Samples: pk.Samples, SampleInterval: pk.Interval}
+
+	console := func(r *record) bool { return r.kind == kindConsole }
+	mayHoldHeavy := func(r *record) bool {
+		return !r.refusedBy(slugInFlight) && !r.refusedBy(slugHeavy) && !r.unauthenticated()
+	}
+	count := func(in func(*record) bool) (n int) {
+		for i := range recs {
+			if in(&recs[i]) {
+				n++
+			}
+		}
+		return n
+	}
+	row := func(name, configured string, limit, highest, requests int, ru *rule) Row {
+		r := Row{Limit: name, Configured: configured, Cap: limit, Highest: highest, Requests: requests, FalseRefusals: -1}
+		if ru != nil {
+			r.Refused, r.FalseRefusals = judgeRefusals(recs, *ru)
+		}
+		return r
+	}
+	all := func(*record) string { return "" }
+
+	// SQL console, per user.
+	rep.Rows = append(rep.Rows, row("sql-console per user", strconv.Itoa(c.SQLConsoleCap), c.SQLConsoleCap, pk.User, count(console),
+		&rule{in: console, scope: func(r *record) string { return r.user },
+			refused: func(r *record) bool { return r.refusedBy(slugHeavy) && r.scope == "user" },
+			holds:   mayHoldHeavy, cap: c.SQLConsoleCap, slack: c.Slack}))
+	// Heavy, whole installation.
+	rep.Rows = append(rep.Rows, row("heavy, installation", fmt.Sprintf("%d (pool %d / 4)", c.installationCap(), c.PoolMaxConns),
+		c.installationCap(), pk.Installation, count(console),
+		&rule{in: console, scope: all,
+			refused: func(r *record) bool { return r.refusedBy(slugHeavy) && r.scope == "installation" },
+			holds:   mayHoldHeavy, cap: c.installationCap(), slack: c.Slack}))
+	// Sign-in failures per username and window.
+	signIn := func(r *record) bool { return r.kind == kindSignIn }
+	failed := func(r *record) bool { return signIn(r) && r.status == 401 }
+	mode := "strict"
+	if !c.SignInStrict {
+		mode = "normal"
+	}
+	rep.Rows = append(rep.Rows, row("sign-in failures ("+mode+")", fmt.Sprintf("%d per %v", c.SignInFailures, c.SignInWindow),
+		c.SignInFailures, countBy(recs, failed, func(r *record) string { return r.key }), count(signIn),
+		&rule{in: signIn, scope: func(r *record) string { return r.key },
+			refused: func(r *record) bool { return r.refusedBy(slugSignIn) },
+			holds:   func(r *record) bool { return r.status == 401 || r.err != nil },
+			cap:     c.SignInFailures, hold: c.SignInWindow, slack: c.Slack}))
+	// Uploads per user and rolling window.
+	upload := func(r *record) bool { return r.kind == kindUpload }
+	rep.Rows = append(rep.Rows, row("uploads per user", fmt.Sprintf("%d per %v", c.UploadsPerHour, c.UploadWindow),
+		c.UploadsPerHour, maxInWindow(recs, func(r *record) bool { return upload(r) && r.status == 201 }, func(r *record) string { return r.user }, c.UploadWindow),
+		count(upload),
+		&rule{in: upload, scope: func(r *record) string { return r.user },
+			refused: func(r *record) bool { return r.refusedBy(slugUploads) },
+			holds: func(r *record) bool {
+				return !r.refusedBy(slugUploads) && !r.refusedBy(slugInFlight) && !r.unauthenticated()
+			},
+			cap: c.UploadsPerHour, hold: c.UploadWindow, slack: c.Slack}))
+	// Requests in flight per token.
+	withToken := func(r *record) bool { return r.token != "" }
+	rep.Rows = append(rep.Rows, row("in-flight per token", strconv.Itoa(c.TokenInFlight), c.TokenInFlight, pk.Token, count(withToken),
+		&rule{in: withToken, scope: func(r *record) string { return r.token },
+			refused: func(r *record) bool { return r.refusedBy(slugInFlight) },
+			holds:   func(r *record) bool { return !r.refusedBy(slugInFlight) && !r.unauthenticated() },
+			cap:     c.TokenInFlight, slack: c.Slack}))
+	// Node rate.
+	var at []time.Time
+	for _, call := range node.Calls() {
+		at = append(at, call.At)
+	}
+	most, series, calls := callsPerSecond(at, lr.t0, deadline)
+	nodeRow := row("node rate (calls/s)", fmt.Sprintf("%d/s (%d/s per replica)", c.NodeRate, c.nodeShare()), c.NodeRate, most,
+		count(func(r *record) bool { return r.kind == kindNode }), nil)
+	nodeRow.Refused = count(func(r *record) bool { return r.kind == kindNode && r.status != 200 })
+	nodeRow.Note = fmt.Sprintf("%d calls in %d judged whole seconds, by second %v", calls, len(series), series)
+	// A replica whose share changed during the load (its ready count read
+	// otherwise) is named: that explains an excess.
+	for i := range recs {
+		r := &recs[i]
+		if r.kind == kindNode && r.status == 200 && (r.share != float64(c.nodeShare()) || r.ready != c.Replicas) {
+			nodeRow.Note += fmt.Sprintf("; %s answered at %.1fs with share %v/s, %d ready replicas", r.token, r.end.Seconds(), r.share, r.ready)
+			break
+		}
+	}
+
+	// The node's verdict: the envelope of the replicas' token buckets, in
+	// which a second may hold a call delayed from the one before.
+	sent := c.nodeShare() * c.Replicas
+	excess, from, n := envelopeExcess(series, sent, c.Replicas)
+	nodeOver := excess > 0
+	if !nodeOver && most > c.NodeRate {
+		nodeRow.Note += fmt.Sprintf("; %d in one second is within the bound of %d per second sent plus %d calls delayed across a second boundary (the limiter paces sending, not arrival)",
+			most, sent, c.Replicas)
+	}
+	if nodeOver {
+		nodeRow.Note += fmt.Sprintf("; %d calls over the bound (%d/s × %d s + %d) in the %d seconds from second %d",
+			excess, sent, n, c.Replicas, n, from)
+	}
+	rep.Rows = append(rep.Rows, nodeRow)
+
+	for i := range rep.Rows {
+		r := &rep.Rows[i]
+		over := r.Highest > r.Cap
+		if i == 5 {
+			over = nodeOver
+		}
+		switch {
+		case over && i == 2 && !c.SignInStrict:
+			r.Verdict = VerdictDocumented
+			r.Note = fmt.Sprintf("normal mode: %d passwords evaluated; attempts in flight when the limit is reached are evaluated (documented; run with -sign-in-strict to judge)", r.Highest)
+		case i == 5 && !over && sent > c.NodeRate && most > c.NodeRate:
+			r.Verdict = VerdictDocumented
+			r.Note = fmt.Sprintf("over by rounding: each replica takes ceil(%d/%d) = %d/s (ADR-0196 decision 6); ", c.NodeRate, c.Replicas, c.nodeShare()) + r.Note
+		case over:
+			r.Verdict = VerdictExceeded
+		case r.Highest < r.Cap && r.Refused == 0:
+			r.Verdict = VerdictNotReached
+		default:
+			r.Verdict = VerdictOK
+		}
+	}
+
+	rep.Unexpected = map[string]int{}
+	for i := range recs {
+		r := &recs[i]
+		if r.expected() {
+			continue
+		}
+		what := fmt.Sprintf("%s %d %s", kindName(r.kind), r.status, r.slug)
+		if r.err != nil {
+			what = fmt.Sprintf("%s error %v", kindName(r.kind), r.err)
+		}
+		rep.Unexpected[what]++
+	}
+	return rep
+}
+
+func kindName(k kind) string {
+	return [...]string{"console", "sign-in", "upload", "node"}[k]
+}
