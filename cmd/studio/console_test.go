@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/jackc/pgx/v5"
 )
 
 // TestConsole covers the SQL console's answers: a result, the row cap,
@@ -72,31 +71,8 @@ func TestConsole(t *testing.T) {
 func TestConsoleCapAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	procs, dbURL := studio(t, 3, "-sql-console-cap", "2")
-	obs, err := pgx.Connect(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close(context.Background())
 	const marker = "console-cap-probe"
-	var peak atomic.Int64
-	stop := make(chan struct{})
-	observed := make(chan struct{})
-	go func() {
-		defer close(observed)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			var n int64
-			if err := obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-				WHERE state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&n); err == nil && n > peak.Load() {
-				peak.Store(n)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
+	stopObserver := observePeak(t, dbURL, marker)
 	var ok, refused atomic.Int64
 	var wg sync.WaitGroup
 	var firstRefusal sync.Once
@@ -130,13 +106,12 @@ func TestConsoleCapAcrossReplicas(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	<-observed
-	t.Logf("ok %d, refused %d, peak running %d", ok.Load(), refused.Load(), peak.Load())
-	if peak.Load() > 2 {
-		t.Fatalf("pg_stat_activity saw %d console queries of one user at once; cap 2", peak.Load())
+	peak := stopObserver()
+	t.Logf("ok %d, refused %d, peak running %d", ok.Load(), refused.Load(), peak)
+	if peak > 2 {
+		t.Fatalf("pg_stat_activity saw %d console queries of one user at once; cap 2", peak)
 	}
-	if peak.Load() < 2 || refused.Load() == 0 {
-		t.Fatalf("never reached the cap (peak %d, refused %d)", peak.Load(), refused.Load())
+	if peak < 2 || refused.Load() == 0 {
+		t.Fatalf("never reached the cap (peak %d, refused %d)", peak, refused.Load())
 	}
 }

@@ -14,8 +14,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/internal/pgtest"
@@ -167,3 +170,40 @@ outer:
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// observePeak polls pg_stat_activity on its own connection and keeps the
+// highest number of active statements containing marker seen at once: an
+// observer independent of pglimit's tables. Call the returned function to
+// stop it and read the peak.
+func observePeak(t *testing.T, dbURL, marker string) (stop func() int64) {
+	t.Helper()
+	obs, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak atomic.Int64
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer obs.Close(context.Background())
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			var n int64
+			if obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
+				AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&n) == nil && n > peak.Load() {
+				peak.Store(n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	return func() int64 {
+		close(quit)
+		<-done
+		return peak.Load()
+	}
+}
