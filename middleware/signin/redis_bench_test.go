@@ -1,5 +1,3 @@
-//go:build redisbench
-
 package signin_test
 
 import (
@@ -13,7 +11,8 @@ import (
 )
 
 // The Redis baseline: redis_rate's GCRA limiter (one Lua script call per
-// decision) against the local Redis. Built only with -tags redisbench.
+// decision) against the local Redis. Only this benchmark imports Redis;
+// pglimit never depends on it.
 func init() {
 	redisBaseline = func(b *testing.B, n int) {
 		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 16})
