@@ -50,6 +50,9 @@ lint: ## go vet and staticcheck
 loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an independent observer (LOADCHECK_ARGS=-duration 10s ...)
 	$(GO) run ./cmd/loadcheck $(LOADCHECK_ARGS)
 
+BENCHTIME  ?= 100ms
+BENCH_ARGS ?=
 .PHONY: bench
-bench: ## run the benchmarks and write BENCHMARKS.md
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+bench: ## run the Go benchmarks briefly (BENCHTIME, -short fixtures), then cmd/benchreport: every path beside SELECT 1, a semaphore and redis_rate at 1 and 16 clients, written to BENCHMARKS.md and docs/bench-latency.svg (BENCH_ARGS=-duration 1s ...)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -short $(PKGS)
+	$(GO) run ./cmd/benchreport $(BENCH_ARGS)

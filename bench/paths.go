@@ -1,0 +1,330 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+
+	"github.com/pglimit/pglimit/cursor"
+	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/middleware/upload"
+	"github.com/pglimit/pglimit/nodelimit"
+)
+
+// Kind says what a path is.
+type Kind string
+
+// Kinds of path.
+const (
+	// Baseline is something pglimit is compared with.
+	Baseline Kind = "baseline"
+	// Limit is one of pglimit's limit paths.
+	Limit Kind = "pglimit"
+	// Page is a history page read.
+	Page Kind = "page"
+)
+
+// Path is one thing measured.
+type Path struct {
+	// Name is the path's name in tables and charts.
+	Name string
+	// Kind says what it is.
+	Kind Kind
+	// What says what one operation does.
+	What string
+	// New makes the op of loop worker (its own user, token, key).
+	New func(worker int) (Op, error)
+	// Slow paths run at least a few operations per loop whatever the
+	// duration.
+	Slow bool
+}
+
+// Names of the baseline paths.
+const (
+	NameSelect1   = "SELECT 1 (floor)"
+	NameSemaphore = "in-process semaphore"
+	NameRedisRate = "redis_rate Allow"
+	// NameNode is the node limiter's path, the one limit path without a
+	// database round trip.
+	NameNode = "node limiter call"
+)
+
+// Suite holds what the paths run on. Close it when done.
+type Suite struct {
+	Pool *pgxpool.Pool
+	// Rows is the size of the page fixture; 0 leaves the page paths out.
+	Rows int
+	// RedisAddr is the Redis of the redis_rate baseline; "" leaves it out.
+	RedisAddr string
+	// RedisNote says why the Redis baseline is missing, when it is.
+	RedisNote string
+
+	heavy   *heavy.Limiter
+	signin  *signin.Limiter
+	failure *signin.Limiter
+	upload  *upload.Limiter
+	flight  *inflight.Limiter
+	node    *nodelimit.Node
+	nodes   *nodelimit.Limiter
+	sem     *semaphore.Weighted
+	redis   func(worker int) Op
+	closeR  func()
+	pager   *cursor.Pager
+	run     string
+	uploads atomic.Int64
+}
+
+// HeavyEndpoint is the endpoint of the heavy path: its per-user cap is
+// never reached (each loop is its own user).
+var HeavyEndpoint = heavy.Endpoint{Name: "bench", PerUser: 2, Time: 30 * time.Second}
+
+// NewSuite makes the limiters of every path over pool, which must have
+// pglimit's schema. The installation-wide heavy cap is set above the
+// loops, so nothing is refused: what is measured is the cost of a grant.
+func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr string) (*Suite, error) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := &Suite{Pool: pool, Rows: rows, RedisAddr: redisAddr, run: strconv.FormatInt(time.Now().UnixNano(), 36)}
+	var err error
+	if s.heavy, err = heavy.New(pool, heavy.Options{
+		User: func(*http.Request) (string, bool) { return "", false }, InstallationCap: 32, Replica: "bench", Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	if s.signin, err = signin.New(pool, signin.Options{Logger: quiet}); err != nil {
+		return nil, err
+	}
+	// Failures never reach the limit: every attempt is recorded.
+	if s.failure, err = signin.New(pool, signin.Options{MaxFailures: 1 << 20, Logger: quiet}); err != nil {
+		return nil, err
+	}
+	if s.upload, err = upload.New(pool, upload.Options{
+		User: func(*http.Request) (string, bool) { return "", false }, Replica: "bench", Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	if s.flight, err = inflight.New(pool, inflight.Options{
+		Key: func(*http.Request) (string, bool) { return "", false }, Replica: "bench", Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	if s.nodes, err = nodelimit.New(nodelimit.Options{Rate: rate.Inf, Logger: quiet}); err != nil {
+		return nil, err
+	}
+	if s.node, err = s.nodes.Node("bench"); err != nil {
+		return nil, err
+	}
+	s.sem = semaphore.NewWeighted(64)
+	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
+		return nil, err
+	}
+	if redisAddr != "" {
+		s.redis, s.closeR, s.RedisNote = newRedisRate(ctx, redisAddr)
+	} else {
+		s.RedisNote = "no Redis address given"
+	}
+	return s, nil
+}
+
+// Close releases what the suite holds (not the pool).
+func (s *Suite) Close() {
+	s.nodes.Close()
+	if s.closeR != nil {
+		s.closeR()
+	}
+}
+
+// Baselines are SELECT 1 on the pool, the in-process semaphore and, when
+// Redis answers, redis_rate.
+func (s *Suite) Baselines() []Path {
+	ps := []Path{
+		{Name: NameSelect1, Kind: Baseline, What: "db.SessionPing: one SELECT 1 round trip on the same pool",
+			New: func(int) (Op, error) {
+				return func(ctx context.Context) error { return db.New().SessionPing(ctx, s.Pool) }, nil
+			}},
+		{Name: NameSemaphore, Kind: Baseline, What: "golang.org/x/sync/semaphore Acquire(1) + Release(1): one replica's in-memory cap",
+			New: func(int) (Op, error) {
+				return func(ctx context.Context) error {
+					if err := s.sem.Acquire(ctx, 1); err != nil {
+						return err
+					}
+					s.sem.Release(1)
+					return nil
+				}, nil
+			}},
+	}
+	if s.redis != nil {
+		ps = append(ps, Path{Name: NameRedisRate, Kind: Baseline, What: "github.com/go-redis/redis_rate/v10 Limiter.Allow on 127.0.0.1:6379 (one EVALSHA of its GCRA script)",
+			New: func(w int) (Op, error) { return s.redis(w), nil }})
+	}
+	return ps
+}
+
+// Limits are pglimit's limit paths, each through its package's public API.
+func (s *Suite) Limits() []Path {
+	user := func(w int) string { return "bench-" + s.run + "-" + strconv.Itoa(w) }
+	return []Path{
+		{Name: "heavy claim+release", Kind: Limit, What: "heavy.Limiter.Acquire (user and installation permit, one round trip) + Permit.Release (one statement)",
+			New: func(w int) (Op, error) {
+				u := user(w)
+				return func(ctx context.Context) error {
+					p, err := s.heavy.Acquire(ctx, HeavyEndpoint, u)
+					if err != nil {
+						return err
+					}
+					return p.Release(ctx)
+				}, nil
+			}},
+		{Name: "sign-in check", Kind: Limit, What: "signin.Limiter.Check in normal mode (one read of login_attempt)",
+			New: func(w int) (Op, error) {
+				key := "username:" + user(w)
+				return func(ctx context.Context) error {
+					a, err := s.signin.Check(ctx, key)
+					if err != nil {
+						return err
+					}
+					return a.Abandon(ctx)
+				}, nil
+			}},
+		{Name: "failure record", Kind: Limit, What: "a failed sign-in: signin.Limiter.Check + Attempt.RecordFailure (a read, then an upsert in its own transaction)",
+			New: func(w int) (Op, error) {
+				key := "username:fail-" + user(w)
+				return func(ctx context.Context) error {
+					a, err := s.failure.Check(ctx, key)
+					if err != nil {
+						return err
+					}
+					return a.RecordFailure(ctx)
+				}, nil
+			}},
+		{Name: "upload claim", Kind: Limit, What: "upload.Limiter.Claim of a user's first slot in the window (kept, as a successful upload keeps it)",
+			New: func(w int) (Op, error) {
+				return func(ctx context.Context) error {
+					_, err := s.upload.Claim(ctx, user(w)+"-"+strconv.FormatInt(s.uploads.Add(1), 10))
+					return err
+				}, nil
+			}},
+		{Name: "in-flight claim+release", Kind: Limit, What: "inflight.Limiter.Acquire + Permit.Release of one token's slot",
+			New: func(w int) (Op, error) {
+				key := user(w)
+				return func(ctx context.Context) error {
+					p, err := s.flight.Acquire(ctx, key, "bench")
+					if err != nil {
+						return err
+					}
+					return p.Release(ctx)
+				}, nil
+			}},
+		{Name: NameNode, Kind: Limit, What: "nodelimit Node.Wait with rate.Inf: the limiter's own cost per broker call (no database)",
+			New: func(int) (Op, error) {
+				return func(ctx context.Context) error { return s.node.Wait(ctx, nodelimit.KindRead) }, nil
+			}},
+	}
+}
+
+// Pages are a 50-row page at each depth that fits in the fixture, by keyset
+// (the cursor decoded and the next one signed, as a handler does) and by
+// OFFSET. Each path checks the first row of its page against the other's.
+func (s *Suite) Pages(ctx context.Context) ([]Path, error) {
+	if s.Rows == 0 {
+		return nil, nil
+	}
+	var ps []Path
+	for _, depth := range Depths {
+		if depth+PageSize > s.Rows {
+			continue
+		}
+		var after string
+		if depth > 0 {
+			prev, err := readPage(ctx, s.Pool, offsetPageSQL, 1, depth-1)
+			if err != nil || len(prev) != 1 {
+				return nil, fmt.Errorf("depth %d: %v", depth, err)
+			}
+			after = s.pager.Encode("bench", cursor.Position{At: prev[0].at, ID: prev[0].id})
+		}
+		first, err := readPage(ctx, s.Pool, offsetPageSQL, 1, depth)
+		if err != nil || len(first) != 1 {
+			return nil, fmt.Errorf("depth %d: %v", depth, err)
+		}
+		want := first[0].id
+		q := url.Values{"size": {strconv.Itoa(PageSize)}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		ps = append(ps,
+			Path{Name: PageName("keyset", depth), Kind: Page, Slow: depth >= 1_000_000,
+				What: "cursor.Pager.Parse, a keyset page query, Pager.Next",
+				New: func(int) (Op, error) {
+					return func(ctx context.Context) error {
+						page, err := s.pager.Parse(q, "bench")
+						if err != nil {
+							return err
+						}
+						var got []eventRow
+						if page.Keyset() {
+							got, err = readPage(ctx, s.Pool, keysetPageSQL, page.After.At, page.After.ID, page.Size)
+						} else {
+							got, err = readPage(ctx, s.Pool, firstPageSQL, page.Size)
+						}
+						if err != nil {
+							return err
+						}
+						if len(got) != PageSize || got[0].id != want {
+							return fmt.Errorf("keyset page at %d: %d rows", depth, len(got))
+						}
+						last := got[len(got)-1]
+						if s.pager.Next("bench", page, len(got), cursor.Position{At: last.at, ID: last.id}) == "" {
+							return errors.New("no next cursor")
+						}
+						return nil
+					}, nil
+				}},
+			Path{Name: PageName("OFFSET", depth), Kind: Page, Slow: depth >= 100_000,
+				What: "LIMIT 50 OFFSET depth",
+				New: func(int) (Op, error) {
+					return func(ctx context.Context) error {
+						got, err := readPage(ctx, s.Pool, offsetPageSQL, PageSize, depth)
+						if err != nil {
+							return err
+						}
+						if len(got) != PageSize || got[0].id != want {
+							return fmt.Errorf("offset page at %d: %d rows", depth, len(got))
+						}
+						return nil
+					}, nil
+				}},
+		)
+	}
+	return ps, nil
+}
+
+// PageName is the name of the page path of kind ("keyset" or "OFFSET") at
+// depth, e.g. "keyset page @100k".
+func PageName(kind string, depth int) string { return kind + " page @" + depthName(depth) }
+
+func depthName(d int) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d%1_000_000 == 0:
+		return strconv.Itoa(d/1_000_000) + "M"
+	case d%10_000 == 0 && d >= 1_000_000:
+		return strconv.FormatFloat(float64(d)/1_000_000, 'f', 2, 64) + "M"
+	case d%1_000 == 0:
+		return strconv.Itoa(d/1_000) + "k"
+	}
+	return strconv.Itoa(d)
+}
