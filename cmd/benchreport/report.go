@@ -29,14 +29,14 @@ type Report struct {
 	// LoadBefore and LoadAfter are the 1-minute load averages at the start
 	// and the end.
 	LoadBefore, LoadAfter string
-	Database          string
-	PostgreSQL        string
-	PoolSize          int
-	Redis             string
-	Paths             []bench.Path
-	Results           []Measured
-	NoDB              []Allocs
-	WithDB            []Allocs
+	Database              string
+	PostgreSQL            string
+	PoolSize              int
+	Redis                 string
+	Paths                 []bench.Path
+	Results               []Measured
+	NoDB                  []Allocs
+	WithDB                []Allocs
 }
 
 // find returns the result of the path named name at clients.
