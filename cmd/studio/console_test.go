@@ -81,7 +81,7 @@ func TestConsoleCapAcrossReplicas(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r, err := send(context.Background(), http.MethodPost, procs[i%3].URL+"/api/sql", "alice-token",
-				map[string]string{"sql": fmt.Sprintf("SELECT pg_sleep(0.3), '%s'", marker)})
+				map[string]string{"sql": fmt.Sprintf("SELECT pg_sleep(1), '%s'", marker)})
 			if err != nil {
 				t.Error(err)
 				return
