@@ -41,12 +41,17 @@
 //     requests, from send to answer, all fit in less than -upload-window:
 //     their claims were then less than a window apart, so more than the
 //     limit of them is an over-grant whatever the timing.
-//   - node rate: the fake node's own record of the calls it received, per
-//     second, from the end of the warm-up, leaving out its first second
-//     (the replicas' token buckets start full). When the rate is not a
-//     multiple of the replicas, each takes ceil(rate/replicas) and the node
-//     may see up to that times the replicas (ADR-0196 decision 6): reported
-//     as "documented", not failed.
+//   - node rate: the fake node's own record of the calls it received, by
+//     whole second, from one second after the warm-up (the replicas' token
+//     buckets start full: the burst the ADR allows). Highest = most calls in
+//     one second. The limiter paces the sending of calls and the node counts
+//     their arrival, so a call delayed across a second boundary can make one
+//     second hold a call more and the next one fewer: the verdict is EXCEEDED
+//     when any n consecutive seconds hold more than replicas × share × n
+//     calls plus one call per replica. When the rate is not a multiple of
+//     the replicas, each takes ceil(rate/replicas) and the node may see up
+//     to that times the replicas (ADR-0196 decision 6): reported as
+//     "documented", not failed.
 //
 // False refusal: a 429 of a limit although, by the client's ledger of every
 // request it sent, fewer than the limit's value of other requests of the

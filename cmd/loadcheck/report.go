@@ -120,9 +120,12 @@ observers (none of them reads pglimit's tables):
   sign-in: the answers; highest = most 401 invalid-credentials for one username in its window.
   uploads: the answers; highest = most 201 for one user whose requests (send to answer) all
     fit in less than one window, so their claims were less than a window apart.
-  node rate: the fake node's own record of the calls it received, by second, from the end of
-    the warm-up (every replica answered rate.replica = ceil(rate/replicas)), leaving out the
-    first second (the token buckets start full: the burst the ADR allows).
+  node rate: the fake node's own record of the calls it received, by whole second, from one
+    second after the warm-up (every replica answered rate.replica = ceil(rate/replicas); the
+    token buckets start full, the burst the ADR allows); highest = most calls in one second.
+    Verdict: EXCEEDED when any n consecutive seconds hold more than replicas × share × n calls
+    plus one per replica (a call a delivery delay moves across a second boundary: the limiter
+    paces sending, the node counts arrival).
 false refusal: a 429 of a limit although, by the client's ledger of every request it sent,
   fewer than the limit's value of other requests of the same scope can have held a slot at
   any moment between the refused request's send and its answer (a request is a possible
