@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -182,7 +183,7 @@ func (l *Limiter) Acquire(ctx context.Context, key, endpoint string) (*Permit, e
 	}
 	lease, err := l.leaser.Claim(ctx, permit.Claim{
 		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
-		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
+		Holder: key, Endpoint: storable(endpoint), Lease: l.maxDur + l.grace,
 	})
 	if err != nil {
 		var refused *permit.RefusedError
@@ -206,7 +207,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 				Detail: "This endpoint needs an API token."})
 			return
 		}
-		p, err := l.Acquire(r.Context(), key, r.Method+" "+r.URL.Path)
+		p, err := l.Acquire(r.Context(), key, endpointOf(r))
 		if err != nil {
 			var le *LimitError
 			switch {
@@ -228,6 +229,30 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// endpointOf names a request on its slot, for operators: the pattern the
+// ServeMux matched ("GET /api/nodes/{node}/queues"), which holds no client
+// text, or else the method and the path.
+func endpointOf(r *http.Request) string {
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	return r.Method + " " + r.URL.Path
+}
+
+// maxEndpointLen bounds the endpoint text stored on a slot.
+const maxEndpointLen = 200
+
+// storable makes an endpoint text the database stores whatever a client put
+// in the path: valid UTF-8 without NUL (PostgreSQL text refuses both), at
+// most maxEndpointLen bytes.
+func storable(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > maxEndpointLen {
+		s = strings.ToValidUTF8(s[:maxEndpointLen], "")
+	}
+	return s
 }
 
 // WriteRefusal is the default refusal: 429 problem+json

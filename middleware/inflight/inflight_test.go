@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
@@ -451,5 +452,45 @@ func TestTokenKey(t *testing.T) {
 	}
 	if k == inflight.TokenKey("bob-token") || k != inflight.TokenKey("alice-token") {
 		t.Fatal("TokenKey is not a function of the token")
+	}
+}
+
+// TestEndpointFromHostilePath: a path a client wrote with NUL, bytes that
+// are not UTF-8, or a great length is still a request the limiter counts
+// (PostgreSQL text refuses NUL and invalid UTF-8, which was a 500); behind
+// a ServeMux the slot names the route's pattern, never the client's text.
+func TestEndpointFromHostilePath(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	l := newLimiter(t, pool, inflight.Options{Limit: 4})
+	var seen []string
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var endpoint string
+		if err := pool.QueryRow(r.Context(), `SELECT endpoint FROM request_in_flight WHERE holder = 'id-of-t'`).Scan(&endpoint); err != nil {
+			t.Error(err)
+		}
+		seen = append(seen, endpoint)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /api/nodes/{node}/queues", l.Handler(inner))
+	bare := l.Handler(inner)
+	for _, path := range []string{"/api/nodes/%00/queues", "/api/nodes/%ff%fe/queues", "/api/nodes/" + strings.Repeat("n", 5000) + "/queues"} {
+		for _, h := range []http.Handler{mux, bare} {
+			req := httptest.NewRequest(http.MethodGet, path, nil)
+			req.Header.Set("Authorization", "Bearer t")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("%.40s: %d %s", path, rec.Code, rec.Body)
+			}
+		}
+	}
+	for i, e := range seen {
+		if i%2 == 0 && e != "GET /api/nodes/{node}/queues" {
+			t.Errorf("behind the mux the slot says %q, want the pattern", e)
+		}
+		if strings.ContainsRune(e, 0) || !utf8.ValidString(e) || len(e) > 200 {
+			t.Errorf("stored endpoint %.60q", e)
+		}
 	}
 }

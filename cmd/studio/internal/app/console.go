@@ -1,10 +1,12 @@
 package app
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net/http"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/problem"
@@ -42,8 +45,18 @@ type consoleResponse struct {
 // cap (bound ROWS) or the time bound (bound TIME, or 503 when nothing was
 // read yet).
 func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
+	b, _ := heavy.FromContext(r.Context())
+	// The body is read under the permits: one still arriving at the time
+	// bound stops arriving (400), so a client that sends it a byte at a time
+	// holds them no longer than any console query. The deadline is lifted
+	// once the body is in, before the server's own read of the connection
+	// could take it for a client gone.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(b.Deadline)
 	var req consoleRequest
-	if !decodeJSON(w, r, &req, maxSQLBytes) {
+	ok := decodeJSON(w, r, &req, maxSQLBytes)
+	_ = rc.SetReadDeadline(time.Time{})
+	if !ok {
 		return
 	}
 	stmt := strings.TrimSpace(req.SQL)
@@ -51,13 +64,17 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		invalidSQL(w, "The sql member is empty.", "")
 		return
 	}
-	b, _ := heavy.FromContext(r.Context())
 	var (
 		resp  = consoleResponse{Columns: []string{}, Rows: [][]any{}}
 		mark  heavy.Mark
 		bytes int
 	)
-	err := heavy.Read(r.Context(), a.primary, func(tx pgx.Tx) error {
+	// The statement may change its session beyond the transaction (SET,
+	// SET ROLE, session advisory locks, WITH HOLD cursors, LISTEN): its
+	// connection is closed after it, never returned to the pool.
+	conn := &throwawayConn{pool: a.primary}
+	defer conn.close()
+	err := heavy.Read(r.Context(), conn, func(tx pgx.Tx) error {
 		if a.consoleRole {
 			if err := a.q.ConsoleEnterRole(r.Context(), tx); err != nil {
 				return err
@@ -118,6 +135,34 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// throwawayConn is a heavy.Beginner that takes a connection from the pool
+// for one transaction; close closes that connection and gives its place
+// back to the pool, which then opens a fresh one when it needs one. The
+// connection counts against the pool's size while it is used.
+type throwawayConn struct {
+	pool *pgxpool.Pool
+	conn *pgxpool.Conn
+}
+
+func (c *throwawayConn) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	pc, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.conn = pc
+	return pc.BeginTx(ctx, opts)
+}
+
+func (c *throwawayConn) close() {
+	if c.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.conn.Conn().Close(ctx)
+	c.conn.Release() // a closed connection is destroyed, not pooled
+}
+
 // userSQLError reports whether the database refused the operator's
 // statement itself (its syntax, its names, its types, a write in a
 // read-only transaction, a privilege), which the operator may read; any
@@ -130,6 +175,7 @@ func userSQLError(e *pgconn.PgError) bool {
 		strings.HasPrefix(e.Code, "22"), // data exception
 		strings.HasPrefix(e.Code, "0A"), // feature not supported
 		strings.HasPrefix(e.Code, "21"), // cardinality violation
+		strings.HasPrefix(e.Code, "54"), // program limit exceeded: a NUL character, too many columns, too complex
 		strings.HasPrefix(e.Code, "2B"), strings.HasPrefix(e.Code, "2F"),
 		strings.HasPrefix(e.Code, "38"), strings.HasPrefix(e.Code, "39"),
 		strings.HasPrefix(e.Code, "P0"), // raised by the statement
@@ -155,8 +201,12 @@ func invalidSQL(w http.ResponseWriter, detail, code string) {
 // cut at maxCellBytes.
 func jsonValue(v any) any {
 	switch x := v.(type) {
-	case nil, bool, int16, int32, int64, float32, float64:
+	case nil, bool, int16, int32, int64:
 		return x
+	case float32:
+		return jsonFloat(float64(x), x)
+	case float64:
+		return jsonFloat(x, x)
 	case string:
 		return cut(x)
 	case []byte:
@@ -195,6 +245,21 @@ func jsonValue(v any) any {
 		}
 		return json.RawMessage(b)
 	}
+}
+
+// jsonFloat writes NaN and the infinities, which JSON has no number for,
+// as PostgreSQL spells them ("NaN", "Infinity", "-Infinity"), as a NaN
+// numeric is written; encoding/json would fail on them and cut the response.
+func jsonFloat(f float64, v any) any {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	return v
 }
 
 func numericString(i *big.Int, exp int32) string {

@@ -24,6 +24,10 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool
 				Detail: "The request body is larger than this endpoint accepts.", Extensions: map[string]any{"limit": limit}})
 			return false
 		}
+		// Whatever is left of the body is not waited for: the connection
+		// closes after this answer (else net/http would read the rest of a
+		// body that is still trickling in before answering).
+		w.Header().Set("Connection", "close")
 		problem.BadRequest(w, "invalid-json", "Invalid JSON", "The request body could not be read.")
 		return false
 	}

@@ -2,12 +2,15 @@ package app
 
 import (
 	_ "embed"
+	"errors"
 	"html/template"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/middleware/heavy"
@@ -108,6 +111,12 @@ func (a *App) handleAuditSignIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := a.q.ApiTokenLookup(r.Context(), a.primary, TokenDigest(token)); err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) {
+			// The token could not be checked: not "unknown", and not signed in.
+			a.log.WarnContext(r.Context(), "audit page sign-in: token not checked", "err", err)
+			renderPage(w, http.StatusServiceUnavailable, auditView{SignIn: true, Error: "The database cannot be reached; try again shortly."})
+			return
+		}
 		renderPage(w, http.StatusUnauthorized, auditView{SignIn: true, Error: "That API token is unknown."})
 		return
 	}
