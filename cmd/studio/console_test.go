@@ -4,12 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/internal/replicaset"
 )
 
 // TestConsole covers the SQL console's answers: a result, the row cap,
@@ -70,7 +75,7 @@ func TestConsole(t *testing.T) {
 // 429.
 func TestConsoleCapAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	procs, dbURL := studio(t, 3, "-sql-console-cap", "2")
+	procs, dbURL := studio(t, 3, "-sql-console-cap", "2", "-token-in-flight", "100")
 	const marker = "console-cap-probe"
 	stopObserver := observePeak(t, dbURL, marker)
 	var ok, refused atomic.Int64
@@ -113,5 +118,47 @@ func TestConsoleCapAcrossReplicas(t *testing.T) {
 	}
 	if peak < 2 || refused.Load() == 0 {
 		t.Fatalf("never reached the cap (peak %d, refused %d)", peak, refused.Load())
+	}
+}
+
+// TestConsoleCannotEscapeItsRole runs the service as a superuser on a
+// cluster of its own: the console still logs in as studio_console, so a
+// statement that switches back to its session user gains nothing, and
+// neither password hashes nor server files can be read.
+func TestConsoleCannotEscapeItsRole(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.Cluster(t)
+	admin := pgtest.Pool(t, cluster.URL("postgres"), 1)
+	if _, err := admin.Exec(context.Background(), `CREATE DATABASE app`); err != nil {
+		t.Fatal(err)
+	}
+	procs := studioOn(t, cluster.URL("app"), 1)
+	url := procs[0].URL + "/api/sql"
+
+	r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT session_user, current_user"})
+	if diff := cmp.Diff([]any{[]any{"studio_console", "studio_console"}}, r.json(t)["rows"]); diff != "" {
+		t.Fatalf("console session (-want +got):\n%s", diff)
+	}
+	for _, sql := range []string{
+		`SELECT set_config('role', session_user, true), query_to_xml('SELECT password_hash FROM app_user', true, false, '')`,
+		`SELECT password_hash FROM app_user`,
+		`SELECT digest FROM api_token`,
+		`SELECT pg_read_file('/etc/passwd')`,
+		`SELECT * FROM heavy_permit`,
+	} {
+		r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": sql})
+		m := r.problemOf(t, http.StatusBadRequest, "invalid-sql")
+		if m["sqlstate"] != "42501" {
+			t.Errorf("%s: %v, want permission denied (42501)", sql, m)
+		}
+	}
+	// A console URL that logs in as a superuser is refused at start-up.
+	bin, err := replicaset.Build("github.com/pglimit/pglimit/cmd/studio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-database-url", cluster.URL("app"), "-sql-console-url", cluster.URL("app"), "-addr", "127.0.0.1:0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "superuser") {
+		t.Fatalf("a superuser console URL: err %v, output %s", err, out)
 	}
 }

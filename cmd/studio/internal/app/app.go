@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	neturl "net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,7 +57,8 @@ type App struct {
 	nodeLimit *nodelimit.Limiter
 	nodes     map[string]*jolokia.Client
 
-	consoleRole bool
+	consoleRole bool          // the primary may SET ROLE studio_console (the fallback)
+	console     *pgxpool.Pool // connections whose session user is studio_console
 	background  []func(context.Context)
 	closers     []func()
 	handler     http.Handler
@@ -110,12 +112,8 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 			return nil, fmt.Errorf("demo seed: %w", err)
 		}
 	}
-	a.consoleRole, err = a.q.ConsoleRoleUsable(ctx, a.primary)
-	if err != nil {
+	if err := a.setupConsole(ctx); err != nil {
 		return nil, err
-	}
-	if !a.consoleRole {
-		log.Warn("the SQL console runs as the service's own role (read-only transaction): the studio_console role could not be created or used")
 	}
 
 	if err := a.setupMetrics(); err != nil {
@@ -160,6 +158,74 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	a.handler = a.routes()
 	ok = true
 	return a, nil
+}
+
+// setupConsole opens the SQL console's own pool, whose session user is the
+// studio_console role: -sql-console-url when given (a failure is fatal),
+// else the primary's URL as user studio_console when that role can log in.
+// Without one the console falls back to SET ROLE studio_console on the
+// primary, which a statement can undo (SECURITY.md), and says so.
+func (a *App) setupConsole(ctx context.Context) error {
+	url, explicit := a.cfg.SQLConsoleURL, a.cfg.SQLConsoleURL != ""
+	want := ""
+	if !explicit {
+		url, want = withUser(a.cfg.DatabaseURL, "studio_console"), "studio_console"
+	}
+	pool, err := a.openConsole(ctx, url, want)
+	if err == nil {
+		a.console = pool
+		a.closers = append(a.closers, pool.Close)
+		return nil
+	}
+	if explicit {
+		return fmt.Errorf("-sql-console-url: %w", err)
+	}
+	a.consoleRole, err = a.q.ConsoleRoleUsable(ctx, a.primary)
+	if err != nil {
+		return err
+	}
+	if a.consoleRole {
+		a.log.Warn("the SQL console cannot log in as studio_console; it runs as the service with SET ROLE studio_console, which a statement can undo: give -sql-console-url (SECURITY.md)")
+	} else {
+		a.log.Warn("the SQL console runs as the service's own role in a read-only transaction: the studio_console role could not be created or used; give -sql-console-url (SECURITY.md)")
+	}
+	return nil
+}
+
+// openConsole connects to url and checks the session is not a superuser
+// (and is user want, when given).
+func (a *App) openConsole(ctx context.Context, url, want string) (*pgxpool.Pool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pool, err := openPool(ctx, url, max(2, a.cfg.SQLConsoleCap), a.cfg.ReplicaName+" console")
+	if err != nil {
+		return nil, err
+	}
+	who, err := a.q.ConsoleSession(ctx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if who.Superuser {
+		pool.Close()
+		return nil, fmt.Errorf("the console connection's user %q is a superuser", who.SessionUserName)
+	}
+	if want != "" && who.SessionUserName != want {
+		pool.Close()
+		return nil, fmt.Errorf("the console connection's user is %q, not %q", who.SessionUserName, want)
+	}
+	return pool, nil
+}
+
+// withUser returns the connection URL u with its user replaced and no
+// password.
+func withUser(u, user string) string {
+	parsed, err := neturl.Parse(u)
+	if err != nil || parsed.Scheme == "" {
+		return u
+	}
+	parsed.User = neturl.User(user)
+	return parsed.String()
 }
 
 func openPool(ctx context.Context, url string, maxConns int, appName string) (*pgxpool.Pool, error) {

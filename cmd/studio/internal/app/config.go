@@ -28,6 +28,7 @@ type Config struct {
 	demoSet        bool
 	PoolMaxConns   int
 
+	SQLConsoleURL  string
 	SQLConsoleCap  int
 	SQLConsoleTime time.Duration
 	SQLConsoleRows int
@@ -104,6 +105,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.BoolVar(&c.Demo, "demo", false, "seed demo users, tokens and history (default on when embedded)")
 	fs.IntVar(&c.PoolMaxConns, "pool-max-conns", 16, "pgxpool size; installation-wide heavy cap = max(1, this / 4)")
 
+	fs.StringVar(&c.SQLConsoleURL, "sql-console-url", os.Getenv("SQL_CONSOLE_URL"), "connection the SQL console runs on, as a role that may only read the history tables (default $SQL_CONSOLE_URL, else the primary as user studio_console, else SET ROLE on the primary)")
 	fs.IntVar(&c.SQLConsoleCap, "sql-console-cap", 2, "SQL console queries per user at once, across replicas")
 	fs.DurationVar(&c.SQLConsoleTime, "sql-console-time", 30*time.Second, "SQL console time bound")
 	fs.IntVar(&c.SQLConsoleRows, "sql-console-rows", 1000, "SQL console row cap")

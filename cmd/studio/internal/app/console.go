@@ -39,7 +39,8 @@ type consoleResponse struct {
 }
 
 // handleConsole runs one read-only statement (POST /api/sql). It runs in a
-// read-only transaction, as the studio_console role when there is one,
+// read-only transaction on a connection that logged in as studio_console
+// (a role that may only read the history tables) when there is one,
 // with statement_timeout at what is left of the time bound; the extended
 // protocol refuses several statements in one request. It stops at the row
 // cap (bound ROWS) or the time bound (bound TIME, or 503 when nothing was
@@ -72,10 +73,14 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 	// The statement may change its session beyond the transaction (SET,
 	// SET ROLE, session advisory locks, WITH HOLD cursors, LISTEN): its
 	// connection is closed after it, never returned to the pool.
-	conn := &throwawayConn{pool: a.primary}
+	pool := a.console
+	if pool == nil {
+		pool = a.primary
+	}
+	conn := &throwawayConn{pool: pool}
 	defer conn.close()
 	err := heavy.Read(r.Context(), conn, func(tx pgx.Tx) error {
-		if a.consoleRole {
+		if a.console == nil && a.consoleRole {
 			if err := a.q.ConsoleEnterRole(r.Context(), tx); err != nil {
 				return err
 			}

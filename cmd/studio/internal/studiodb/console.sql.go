@@ -35,3 +35,21 @@ func (q *Queries) ConsoleRoleUsable(ctx context.Context, db DBTX) (bool, error) 
 	err := row.Scan(&usable)
 	return usable, err
 }
+
+const ConsoleSession = `-- name: ConsoleSession :one
+SELECT session_user::text AS session_user_name, (current_setting('is_superuser') = 'on')::boolean AS superuser
+`
+
+type ConsoleSessionRow struct {
+	SessionUserName string
+	Superuser       bool
+}
+
+// Who a console connection is: its session user, and whether it is a
+// superuser (a console connection must not be).
+func (q *Queries) ConsoleSession(ctx context.Context, db DBTX) (*ConsoleSessionRow, error) {
+	row := db.QueryRow(ctx, ConsoleSession)
+	var i ConsoleSessionRow
+	err := row.Scan(&i.SessionUserName, &i.Superuser)
+	return &i, err
+}

@@ -10,3 +10,8 @@ SELECT (CASE WHEN to_regrole('studio_console') IS NULL THEN false
 -- name: ConsoleEnterRole :exec
 -- SET LOCAL ROLE studio_console, for the rest of the transaction.
 SELECT set_config('role', 'studio_console', true);
+
+-- name: ConsoleSession :one
+-- Who a console connection is: its session user, and whether it is a
+-- superuser (a console connection must not be).
+SELECT session_user::text AS session_user_name, (current_setting('is_superuser') = 'on')::boolean AS superuser;
