@@ -36,10 +36,11 @@ generate: ## compile sql/queries (and cmd/studio/sql/queries) into typed Go with
 	$(GO) tool sqlc generate
 
 .PHONY: verify
-verify: ## generated code matches the SQL (sqlc diff), every query prepares on a live database (sqlc vet), modules verified
+verify: ## generated code matches the SQL (sqlc diff), every query prepares on a live database (sqlc vet), go.mod tidy and verified
 	$(GO) tool sqlc diff
 	$(GO) run ./internal/cmd/sqlcvet
 	$(GO) mod verify
+	$(GO) mod tidy -diff
 
 .PHONY: lint
 lint: ## go vet and staticcheck
