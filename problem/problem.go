@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pglimit/pglimit/internal/dberr"
 )
 
 // TypeBase prefixes every problem type slug to make the type URI.
@@ -156,6 +158,18 @@ func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, er
 		Detail:     detail,
 		RetryAfter: 5 * time.Second,
 	})
+}
+
+// Database answers a failed database call: 503 database-unavailable, with
+// Retry-After, when PostgreSQL cannot be reached or did not answer in time
+// (dberr decides), else a 500 without the error's text. Every middleware
+// and handler answers database failures through it.
+func Database(w http.ResponseWriter, r *http.Request, err error) {
+	if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
+		Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
+		return
+	}
+	Internal(w, r, err)
 }
 
 // BadRequest sends a 400 with the given slug, title and detail.

@@ -31,7 +31,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -246,13 +245,10 @@ func (l *Limiter) Handler(ep Endpoint, next http.Handler) http.Handler {
 		p, err := l.acquire(r.Context(), ep, user)
 		if err != nil {
 			var le *LimitError
-			switch {
-			case errors.As(err, &le):
+			if errors.As(err, &le) {
 				l.onRefused(w, r, le)
-			case dberr.IsUnavailable(err) || dberr.IsTimeout(err):
-				problem.Unavailable(w, r, "database-unavailable", "The database that keeps the limits cannot be reached; try again shortly.", err)
-			default:
-				problem.Internal(w, r, err)
+			} else {
+				problem.Database(w, r, err)
 			}
 			return
 		}

@@ -117,9 +117,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		})
 	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
 		// The client is gone; nobody reads an answer.
-	case dberr.IsUnavailable(err):
-		problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
 	default:
-		problem.Internal(w, r, err)
+		problem.Database(w, r, err)
 	}
 }

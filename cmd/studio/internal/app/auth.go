@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -77,11 +76,7 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 				unauthorized(w, "The API token is unknown or expired.")
 				return
 			}
-			if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
-				problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
-				return
-			}
-			problem.Internal(w, r, err)
+			problem.Database(w, r, err)
 			return
 		}
 		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName}

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -55,16 +54,9 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
 		InstallationCap: a.heavy.InstallationCap(),
 	}
-	fail := func(err error) {
-		if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
-			problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
-			return
-		}
-		problem.Internal(w, r, err)
-	}
 	permits, err := a.limit.HeavyPermitList(ctx, a.primary)
 	if err != nil {
-		fail(err)
+		problem.Database(w, r, err)
 		return
 	}
 	for _, p := range permits {
@@ -72,7 +64,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	uploads, err := a.limit.UploadWindowList(ctx, a.primary)
 	if err != nil {
-		fail(err)
+		problem.Database(w, r, err)
 		return
 	}
 	for _, p := range uploads {
@@ -80,7 +72,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	inflight, err := a.limit.RequestInFlightList(ctx, a.primary)
 	if err != nil {
-		fail(err)
+		problem.Database(w, r, err)
 		return
 	}
 	for _, p := range inflight {
@@ -88,7 +80,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	throttles, err := a.limit.LoginAttemptList(ctx, a.primary)
 	if err != nil {
-		fail(err)
+		problem.Database(w, r, err)
 		return
 	}
 	for _, t := range throttles {
@@ -96,7 +88,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	replicas, err := a.limit.ReplicaList(ctx, a.primary)
 	if err != nil {
-		fail(err)
+		problem.Database(w, r, err)
 		return
 	}
 	for _, rep := range replicas {

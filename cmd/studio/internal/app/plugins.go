@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -58,11 +57,7 @@ func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
 		UserID: id.UserID, Name: name, Size: int64(len(content)), Sha256: hex.EncodeToString(sum[:]), Content: content,
 	})
 	if err != nil {
-		if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
-			problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
-			return
-		}
-		problem.Internal(w, r, err)
+		problem.Database(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"id": pid, "name": name, "size": len(content), "sha256": hex.EncodeToString(sum[:])})
