@@ -7,7 +7,6 @@ package studiodb
 import (
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -57,25 +56,6 @@ type Event struct {
 	Message    string
 }
 
-type HeavyPermit struct {
-	Scope     string
-	Slot      int32
-	LeaseID   uuid.UUID
-	Holder    string
-	Endpoint  string
-	Replica   string
-	ClaimedAt time.Time
-	ExpiresAt time.Time
-}
-
-type LoginAttempt struct {
-	Key       string
-	Failures  int32
-	FirstAt   time.Time
-	LastAt    time.Time
-	ExpiresAt time.Time
-}
-
 type MessageFlow struct {
 	ID            int64
 	OccurredAt    time.Time
@@ -92,34 +72,4 @@ type Plugin struct {
 	Sha256     string
 	Content    []byte
 	UploadedAt time.Time
-}
-
-type Replica struct {
-	Name        string
-	StartedAt   time.Time
-	HeartbeatAt time.Time
-	Ready       bool
-	ExpiresAt   time.Time
-}
-
-type RequestInFlight struct {
-	Scope     string
-	Slot      int32
-	LeaseID   uuid.UUID
-	Holder    string
-	Endpoint  string
-	Replica   string
-	ClaimedAt time.Time
-	ExpiresAt time.Time
-}
-
-type UploadWindow struct {
-	Scope     string
-	Slot      int32
-	LeaseID   uuid.UUID
-	Holder    string
-	Endpoint  string
-	Replica   string
-	ClaimedAt time.Time
-	ExpiresAt time.Time
 }
