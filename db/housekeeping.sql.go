@@ -11,35 +11,24 @@ import (
 
 const housekeepingTryLock = `-- name: HousekeepingTryLock :one
 
-SELECT pg_try_advisory_lock(1199, $1::int) AS locked
+SELECT pg_try_advisory_xact_lock(1199, $1::int) AS locked
 `
 
 // Housekeeping (ADR-0196 decision 5, ADR-0134): one replica at a time
 // deletes the lapsed rows of every limit table with the *DeleteLapsed
-// queries of each table's file. Mutual exclusion is a session advisory lock
-// taken with pg_try_advisory_lock on a connection the sweep holds for its
-// whole run: a replica that finds it taken skips the round instead of
-// queueing, and a replica that dies mid-sweep drops the lock with its
-// session. The two-key form with class 1199 stays clear of the
-// application's own single-key locks and of the permit tables' classes
-// (1196, 1197, 1198).
-// Takes the housekeeping lock for this session if nobody holds it; never
-// waits.
+// queries of each table's file. Each batch is a short transaction of its
+// own that first takes the housekeeping lock with
+// pg_try_advisory_xact_lock: a replica that finds it taken skips the round
+// instead of queueing, and the lock ends with the transaction, so a replica
+// that dies mid-sweep holds nothing, and the sweep works through PgBouncer
+// in transaction pooling mode (a session lock would not). The two-key form
+// with class 1199 stays clear of the application's own single-key locks
+// and of the slot locks (class 1196).
+// Takes the housekeeping lock for the rest of this transaction if nobody
+// holds it; never waits.
 func (q *Queries) HousekeepingTryLock(ctx context.Context, db DBTX, key int32) (bool, error) {
 	row := db.QueryRow(ctx, housekeepingTryLock, key)
 	var locked bool
 	err := row.Scan(&locked)
 	return locked, err
-}
-
-const housekeepingUnlock = `-- name: HousekeepingUnlock :one
-SELECT pg_advisory_unlock(1199, $1::int) AS unlocked
-`
-
-// Gives the housekeeping lock back; false if this session did not hold it.
-func (q *Queries) HousekeepingUnlock(ctx context.Context, db DBTX, key int32) (bool, error) {
-	row := db.QueryRow(ctx, housekeepingUnlock, key)
-	var unlocked bool
-	err := row.Scan(&unlocked)
-	return unlocked, err
 }

@@ -11,7 +11,7 @@ import (
 )
 
 const loginAttemptClear = `-- name: LoginAttemptClear :exec
-DELETE FROM login_attempt WHERE key = $1::text
+DELETE FROM pglimit.login_attempt WHERE key = $1::text
 `
 
 // A successful sign-in clears the key's failures.
@@ -21,9 +21,9 @@ func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) er
 }
 
 const loginAttemptDeleteLapsed = `-- name: LoginAttemptDeleteLapsed :execrows
-DELETE FROM login_attempt
+DELETE FROM pglimit.login_attempt
 WHERE key IN (
-    SELECT key FROM login_attempt
+    SELECT key FROM pglimit.login_attempt
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1::int
@@ -44,7 +44,7 @@ const loginAttemptGet = `-- name: LoginAttemptGet :one
 
 SELECT failures, expires_at,
        ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
-FROM login_attempt
+FROM pglimit.login_attempt
 WHERE key = $1::text AND expires_at > now()
 `
 
@@ -71,21 +71,21 @@ func (q *Queries) LoginAttemptGet(ctx context.Context, db DBTX, key string) (*Lo
 
 const loginAttemptList = `-- name: LoginAttemptList :many
 SELECT key, failures, first_at, last_at, expires_at
-FROM login_attempt
+FROM pglimit.login_attempt
 WHERE expires_at > now()
 ORDER BY expires_at DESC, key
 `
 
 // The live throttles, for the operator view.
-func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX) ([]*LoginAttempt, error) {
+func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX) ([]*PglimitLoginAttempt, error) {
 	rows, err := db.Query(ctx, loginAttemptList)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*LoginAttempt
+	var items []*PglimitLoginAttempt
 	for rows.Next() {
-		var i LoginAttempt
+		var i PglimitLoginAttempt
 		if err := rows.Scan(
 			&i.Key,
 			&i.Failures,
@@ -104,7 +104,7 @@ func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX) ([]*LoginAttemp
 }
 
 const loginAttemptRecordFailure = `-- name: LoginAttemptRecordFailure :one
-INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
 VALUES ($1::text, 1, now(), now(), now() + interval '1 millisecond' * $2::bigint)
 ON CONFLICT (key) DO UPDATE SET
     failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
@@ -138,7 +138,7 @@ func (q *Queries) LoginAttemptRecordFailure(ctx context.Context, db DBTX, arg *L
 
 const loginAttemptReserve = `-- name: LoginAttemptReserve :one
 WITH reserved AS (
-    INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+    INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
     VALUES ($1::text, 1, now(), now(), now() + interval '1 millisecond' * $2::bigint)
     ON CONFLICT (key) DO UPDATE SET
         failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
@@ -154,7 +154,7 @@ FROM reserved AS r
 UNION ALL
 SELECT false AS reserved, l.failures, l.expires_at,
        ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM login_attempt AS l
+FROM pglimit.login_attempt AS l
 WHERE l.key = $1::text AND NOT EXISTS (SELECT 1 FROM reserved)
 `
 
@@ -192,7 +192,7 @@ func (q *Queries) LoginAttemptReserve(ctx context.Context, db DBTX, arg *LoginAt
 }
 
 const loginAttemptUnreserve = `-- name: LoginAttemptUnreserve :exec
-UPDATE login_attempt
+UPDATE pglimit.login_attempt
 SET failures = failures - 1
 WHERE key = $1::text AND failures > 0 AND expires_at > now()
 `

@@ -10,7 +10,8 @@ import (
 	"github.com/google/uuid"
 )
 
-type HeavyPermit struct {
+type PglimitHeavyPermit struct {
+	Kind      string
 	Scope     string
 	Slot      int32
 	LeaseID   uuid.UUID
@@ -21,7 +22,7 @@ type HeavyPermit struct {
 	ExpiresAt time.Time
 }
 
-type LoginAttempt struct {
+type PglimitLoginAttempt struct {
 	Key       string
 	Failures  int32
 	FirstAt   time.Time
@@ -29,7 +30,7 @@ type LoginAttempt struct {
 	ExpiresAt time.Time
 }
 
-type Replica struct {
+type PglimitReplica struct {
 	Name        string
 	StartedAt   time.Time
 	HeartbeatAt time.Time
@@ -37,7 +38,8 @@ type Replica struct {
 	ExpiresAt   time.Time
 }
 
-type RequestInFlight struct {
+type PglimitRequestInFlight struct {
+	Kind      string
 	Scope     string
 	Slot      int32
 	LeaseID   uuid.UUID
@@ -48,7 +50,20 @@ type RequestInFlight struct {
 	ExpiresAt time.Time
 }
 
-type UploadWindow struct {
+type PglimitSlot struct {
+	Kind      string
+	Scope     string
+	Slot      int32
+	LeaseID   uuid.UUID
+	Holder    string
+	Endpoint  string
+	Replica   string
+	ClaimedAt time.Time
+	ExpiresAt time.Time
+}
+
+type PglimitUploadWindow struct {
+	Kind      string
 	Scope     string
 	Slot      int32
 	LeaseID   uuid.UUID

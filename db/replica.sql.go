@@ -14,7 +14,7 @@ import (
 
 const replicaCountReady = `-- name: ReplicaCountReady :one
 SELECT count(*)::int AS ready
-FROM replica
+FROM pglimit.replica
 WHERE ready AND expires_at > now()
 `
 
@@ -27,7 +27,7 @@ func (q *Queries) ReplicaCountReady(ctx context.Context, db DBTX) (int32, error)
 }
 
 const replicaDelete = `-- name: ReplicaDelete :exec
-DELETE FROM replica WHERE name = $1::text
+DELETE FROM pglimit.replica WHERE name = $1::text
 `
 
 // A replica that shuts down removes its row.
@@ -37,9 +37,9 @@ func (q *Queries) ReplicaDelete(ctx context.Context, db DBTX, name string) error
 }
 
 const replicaDeleteLapsed = `-- name: ReplicaDeleteLapsed :execrows
-DELETE FROM replica
+DELETE FROM pglimit.replica
 WHERE name IN (
-    SELECT name FROM replica
+    SELECT name FROM pglimit.replica
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1::int
@@ -59,7 +59,7 @@ func (q *Queries) ReplicaDeleteLapsed(ctx context.Context, db DBTX, batch int32)
 
 const replicaHeartbeat = `-- name: ReplicaHeartbeat :one
 
-INSERT INTO replica AS r (name, started_at, heartbeat_at, ready, expires_at)
+INSERT INTO pglimit.replica AS r (name, started_at, heartbeat_at, ready, expires_at)
 VALUES ($1::text, coalesce($2::timestamptz, now()), now(), $3::boolean,
         now() + interval '1 millisecond' * $4::bigint)
 ON CONFLICT (name) DO UPDATE SET
@@ -99,7 +99,7 @@ func (q *Queries) ReplicaHeartbeat(ctx context.Context, db DBTX, arg *ReplicaHea
 
 const replicaList = `-- name: ReplicaList :many
 SELECT name, started_at, heartbeat_at, (ready AND expires_at > now())::boolean AS ready, expires_at
-FROM replica
+FROM pglimit.replica
 ORDER BY name
 `
 

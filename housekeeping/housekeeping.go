@@ -5,18 +5,20 @@
 // read ignores it — so housekeeping only keeps the tables and their indexes
 // small.
 //
-// Every replica runs Run in the background. Every Interval (default one
-// minute) a replica tries to take a session advisory lock with
-// pg_try_advisory_lock on a connection it holds for the whole sweep; the
-// replica that gets it deletes the lapsed rows of every table in batches of
-// at most Batch rows (default 1000) with FOR UPDATE SKIP LOCKED (the
-// *DeleteLapsed queries), then releases the lock. A replica that finds the
-// lock taken skips its turn instead of queueing behind it, so at most one
-// replica sweeps at any moment (with several replicas the tables are swept
-// up to once per replica per interval; a sweep that finds nothing costs one
-// small indexed statement per table). A replica that dies mid-sweep drops
-// the lock with its session.
-//
+// Every replica runs Run in the background (pglimit.Run does). Every
+// Interval (default one minute) a replica sweeps the lapsed rows of every
+// table in batches of at most Batch rows (default 1000) with FOR UPDATE
+// SKIP LOCKED (the *DeleteLapsed queries). Each batch is a short
+// transaction of its own that first tries the housekeeping lock
+// (pg_try_advisory_xact_lock): a replica that finds it taken at its first
+// batch skips its turn instead of queueing behind it, and one that finds
+// it taken later leaves the rest of the sweep to the replica that has it.
+// So at most one replica deletes at any moment (with several replicas the
+// tables are swept up to once per replica per interval; a sweep that finds
+// nothing costs one small indexed statement per table). The lock ends with
+// its transaction: a replica that dies mid-sweep holds nothing, and the
+// sweep works through PgBouncer in transaction pooling mode.
+
 // Deleted rows are logged through slog and counted in the OpenTelemetry
 // counter pglimit.housekeeping.deleted, tagged by table.
 package housekeeping
@@ -28,6 +30,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -51,7 +54,8 @@ const LockKey = 1
 // attribute "table".
 const MetricDeleted = "pglimit.housekeeping.deleted"
 
-// Tables are the limit tables swept, in the order they are swept.
+// Tables are the limit tables swept, in the order they are swept (the
+// slot tables first, in one statement).
 var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica"}
 
 // Options configure a Housekeeper. The zero value is ready to use.
@@ -63,6 +67,9 @@ type Options struct {
 	// rows is swept in several statements, each its own short transaction.
 	// Default 1000.
 	Batch int
+	// Timeout bounds each batch (its transaction), so a database that stops
+	// answering ends a sweep instead of hanging it. Default 30s.
+	Timeout time.Duration
 	// MeterProvider gives the meter of the counter
 	// pglimit.housekeeping.deleted. Default otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
@@ -97,6 +104,7 @@ type Housekeeper struct {
 	q        *db.Queries
 	interval time.Duration
 	batch    int32
+	timeout  time.Duration
 	deleted  metric.Int64Counter
 	log      *slog.Logger
 }
@@ -115,6 +123,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Housekeeper, error) {
 	if opts.Batch == 0 {
 		opts.Batch = DefaultBatch
 	}
+	if opts.Timeout < 0 {
+		return nil, errors.New("housekeeping: negative Timeout")
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 30 * time.Second
+	}
 	if opts.Batch > 1_000_000 {
 		return nil, errors.New("housekeeping: Batch above 1000000")
 	}
@@ -131,24 +145,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Housekeeper, error) {
 		return nil, fmt.Errorf("housekeeping: counter: %w", err)
 	}
 	return &Housekeeper{pool: pool, q: db.New(), interval: opts.Interval, batch: int32(opts.Batch),
-		deleted: counter, log: opts.Logger}, nil
+		timeout: opts.Timeout, deleted: counter, log: opts.Logger}, nil
 }
 
-// Run sweeps with opts every interval until ctx ends; see Housekeeper.Run.
-func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
-	h, err := New(pool, opts)
-	if err != nil {
-		return err
-	}
-	h.Run(ctx)
-	return nil
-}
-
-// Run sweeps at once and then every interval, until ctx ends; it returns
-// when ctx ends, after the sweep under way (its statements are canceled
-// with ctx, and the lock is released). Errors are logged and the next
-// interval tries again.
-func (h *Housekeeper) Run(ctx context.Context) {
+// Run sweeps at once and then every interval, until ctx ends; it then
+// returns nil, after the sweep under way (its statements are canceled with
+// ctx). A failed sweep is logged and the next interval tries again.
+func (h *Housekeeper) Run(ctx context.Context) error {
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	for {
@@ -157,55 +160,81 @@ func (h *Housekeeper) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}
 }
 
-// RunOnce sweeps every table once if no other replica is sweeping: it
-// takes the lock on a connection of its own, deletes each table's lapsed
-// rows batch after batch until a batch comes back short, and releases the
-// lock. Result.Ran is false when the lock was taken. On an error the rows
-// deleted so far are in the Result.
-func (h *Housekeeper) RunOnce(ctx context.Context) (Result, error) {
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("housekeeping: connection: %w", err)
-	}
-	locked, err := h.q.HousekeepingTryLock(ctx, conn, LockKey)
-	if err != nil {
-		// The lock may be held by the session without our knowing: do not
-		// give the connection back to the pool.
-		_ = conn.Hijack().Close(context.WithoutCancel(ctx))
-		return Result{}, fmt.Errorf("housekeeping: lock: %w", err)
-	}
-	if !locked {
-		conn.Release()
-		return Result{}, nil
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if ok, err := h.q.HousekeepingUnlock(uctx, conn, LockKey); err != nil || !ok {
-			// Closing the session releases the lock for certain.
-			_ = conn.Hijack().Close(uctx)
-			return
-		}
-		conn.Release()
-	}()
+// sweeper deletes at most batch lapsed rows of the tables it covers, in the
+// transaction it is given, and counts them by table.
+type sweeper func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error)
 
-	res := Result{Ran: true, Deleted: make(map[string]int64, len(Tables))}
-	var sweepErr error
-	for _, table := range Tables {
-		n, err := h.sweep(ctx, conn, table)
-		res.Deleted[table] = n
-		if n > 0 {
-			h.deleted.Add(context.WithoutCancel(ctx), n, metric.WithAttributes(attribute.String("table", table)))
+// sweepers cover every limit table. The slot tables share one shape and
+// one statement (on their parent, pglimit.slot), which counts by kind: a
+// kind is its partition's name.
+var sweepers = []sweeper{
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+		rows, err := q.SlotDeleteLapsed(ctx, tx, batch)
+		out := map[string]int64{}
+		for _, r := range rows {
+			out[r.Kind] = r.Deleted
 		}
-		if err != nil {
-			sweepErr = fmt.Errorf("housekeeping: %s: %w", table, err)
-			break
+		return out, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+		n, err := q.LoginAttemptDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"login_attempt": n}, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+		n, err := q.ReplicaDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"replica": n}, err
+	},
+}
+
+// errLockTaken ends a sweep another replica is running.
+var errLockTaken = errors.New("housekeeping: another replica sweeps")
+
+// RunOnce sweeps every table once if no other replica is sweeping: batch
+// after batch, each a transaction of its own that takes the housekeeping
+// lock and deletes at most Batch lapsed rows, until a batch comes back
+// short. Result.Ran is false when another replica held the lock at the
+// first batch; a replica that takes the lock between two batches of this
+// one ends this sweep early. On an error the rows deleted so far are in the
+// Result.
+func (h *Housekeeper) RunOnce(ctx context.Context) (Result, error) {
+	res := Result{Ran: true, Deleted: make(map[string]int64, len(Tables))}
+	for _, t := range Tables {
+		res.Deleted[t] = 0
+	}
+	first := true
+	var sweepErr error
+sweep:
+	for _, sw := range sweepers {
+		for {
+			got, err := h.batchOnce(ctx, sw)
+			if errors.Is(err, errLockTaken) {
+				if first {
+					return Result{}, nil
+				}
+				break sweep
+			}
+			first = false
+			var n int64
+			for table, d := range got {
+				res.Deleted[table] += d
+				n += d
+				if d > 0 {
+					h.deleted.Add(context.WithoutCancel(ctx), d, metric.WithAttributes(attribute.String("table", table)))
+				}
+			}
+			if err != nil {
+				sweepErr = fmt.Errorf("housekeeping: %w", err)
+				break sweep
+			}
+			if n < int64(h.batch) {
+				break
+			}
 		}
 	}
 	if total := res.Total(); total > 0 {
@@ -220,32 +249,29 @@ func (h *Housekeeper) RunOnce(ctx context.Context) (Result, error) {
 	return res, sweepErr
 }
 
-// sweep deletes table's lapsed rows in batches until one comes back short.
-func (h *Housekeeper) sweep(ctx context.Context, conn db.DBTX, table string) (int64, error) {
-	var total int64
-	for {
-		var n int64
-		var err error
-		switch table {
-		case "heavy_permit":
-			n, err = h.q.HeavyPermitDeleteLapsed(ctx, conn, h.batch)
-		case "request_in_flight":
-			n, err = h.q.RequestInFlightDeleteLapsed(ctx, conn, h.batch)
-		case "upload_window":
-			n, err = h.q.UploadWindowDeleteLapsed(ctx, conn, h.batch)
-		case "login_attempt":
-			n, err = h.q.LoginAttemptDeleteLapsed(ctx, conn, h.batch)
-		case "replica":
-			n, err = h.q.ReplicaDeleteLapsed(ctx, conn, h.batch)
-		default:
-			return total, fmt.Errorf("unknown table %q", table)
-		}
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n < int64(h.batch) {
-			return total, nil
-		}
+// batchOnce runs one batch of sw in a transaction holding the housekeeping
+// lock; errLockTaken when another replica holds it.
+func (h *Housekeeper) batchOnce(ctx context.Context, sw sweeper) (map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
 	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	locked, err := h.q.HousekeepingTryLock(ctx, tx, LockKey)
+	if err != nil {
+		return nil, err
+	}
+	if !locked {
+		return nil, errLockTaken
+	}
+	got, err := sw(ctx, tx, h.q, h.batch)
+	if err != nil {
+		return got, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return got, nil
 }

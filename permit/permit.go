@@ -1,66 +1,80 @@
 // Package permit keeps leased slots in PostgreSQL: the one mechanism under
 // pglimit's heavy-request permits, its per-token in-flight cap and its
-// upload window.
+// upload window. A Leaser needs no HTTP: a job runner or a CLI can use it
+// as it is.
 //
-// A Claim asks for one slot in each of several scopes (for a heavy request:
-// the user's scope of the endpoint and the installation's scope) and gets
-// all of them or none, in one round trip: a pgx Batch that takes a
-// transaction-scoped advisory lock per scope and then runs one
-// INSERT ... ON CONFLICT DO UPDATE ... WHERE expired over
-// generate_series(1, cap). The lock makes claims of one scope take turns, so
-// a claim is refused only when the scope really is full (no false refusals)
-// and the primary key (scope, slot) makes a second holder of a slot
-// impossible (no over-grants). Every slot carries the database-clock time at
-// which it lapses on its own, so a replica that dies holds nobody's limit
-// for longer than its lease. Release gives every slot of a claim back in one
-// statement.
+// A Claim asks for one slot in its own scope (a user's cap on an endpoint,
+// a token, a user's uploads) and, optionally, one in a scope it shares with
+// other claims (the installation's cap over every heavy request), and gets
+// both or none. Every slot is a row of pglimit.slot (in the partition of
+// the Leaser's Kind) carrying the database-clock time at which it lapses on
+// its own, so a replica that dies holds nobody's limit for longer than its
+// lease. Release gives every slot of a claim back.
 //
-// The SQL is in sql/queries/heavy_permit.sql (and the same statements over
-// request_in_flight and upload_window). A Leaser needs no HTTP: a job runner
-// or a CLI can use it as it is.
+// # One round trip, shared
+//
+// A claim is one round trip: a pgx Batch that takes a transaction-scoped
+// advisory lock per scope and then runs one INSERT ... ON CONFLICT DO
+// UPDATE ... WHERE expired over the free slots of 1..cap (the SQL, with
+// why it is shaped so, is in sql/queries/slot.sql). The lock makes claims
+// of one scope take turns across replicas, so a claim is refused only when
+// the scope really is full (no false refusals), and the primary key (kind,
+// scope, slot) makes a second holder of a slot impossible (no over-grants).
+//
+// Claims and releases of one Leaser that arrive while its previous round
+// trip is in flight wait for it and then travel together, in one batch:
+// one lock statement, one claim statement and one commit for all of them,
+// judged in the order they arrived. A lone caller pays one round trip and
+// waits for nobody; under load the cost of a round trip is shared (group
+// commit). Every caller still learns its own outcome, and a claim is never
+// refused because of the company it travelled with.
+//
+// A Leaser is safe for concurrent use. It starts no goroutine of its own
+// that outlives the work it was given.
 package permit
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/procname"
 )
 
-// Table is the limit table a Leaser keeps its slots in.
-type Table int
+// Kind names the partition of pglimit.slot a Leaser keeps its slots in; the
+// kind is the partition's name. A new kind of slot is one migration (a
+// partition FOR VALUES IN ('its_name')) and one constant.
+type Kind string
 
 const (
-	// HeavyPermit is the heavy_permit table (heavy endpoints).
-	HeavyPermit Table = iota
-	// RequestInFlight is the request_in_flight table (requests per token).
-	RequestInFlight
-	// UploadWindow is the upload_window table (uploads per rolling hour).
-	UploadWindow
+	// HeavyPermit is pglimit.heavy_permit (heavy endpoints).
+	HeavyPermit Kind = "heavy_permit"
+	// RequestInFlight is pglimit.request_in_flight (requests per token).
+	RequestInFlight Kind = "request_in_flight"
+	// UploadWindow is pglimit.upload_window (uploads per rolling window).
+	UploadWindow Kind = "upload_window"
 )
 
-func (t Table) String() string {
-	switch t {
-	case HeavyPermit:
-		return "heavy_permit"
-	case RequestInFlight:
-		return "request_in_flight"
-	case UploadWindow:
-		return "upload_window"
-	}
-	return fmt.Sprintf("Table(%d)", int(t))
-}
+// MaxCap is the largest cap a scope may have, in this package and in every
+// middleware built on it.
+const MaxCap = 10000
 
-// DB is what a Leaser runs on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-// A Leaser meant to outlive a request's transaction should be given the
-// pool: a claim on the request's transaction would be rolled back with it.
+// Defaults of Options.
+const (
+	DefaultTimeout  = 5 * time.Second
+	DefaultMaxBatch = 64
+)
+
+// DB is what a Leaser runs on: a *pgxpool.Pool (or a *pgx.Conn). Give it the
+// pool, never the request's transaction: a claim on it would be rolled back
+// with it, and the Leaser runs other callers' claims on it too.
 type DB interface {
 	db.DBTX
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
@@ -70,16 +84,19 @@ type DB interface {
 type Scope struct {
 	// Key names the scope, e.g. "user:sql-console:alice" or "installation".
 	Key string
-	// Cap is the number of slots of the scope; it must be at least 1.
+	// Cap is the number of slots of the scope, 1..MaxCap.
 	Cap int
 }
 
 // Claim describes what a caller asks for.
 type Claim struct {
-	// Scopes are the limits the claim must fit in, all of them or none.
-	// The first refused scope, in this order, is the one reported.
+	// Scopes are the claim's own scope and, optionally, a second scope it
+	// shares with other claims (such as an installation-wide cap): one or
+	// two scopes, all of them or none. When the claim is refused, the first
+	// full scope in this order is the one reported.
 	Scopes []Scope
-	// Holder says who holds the slots (a user, a token name), for operators.
+	// Holder says who holds the slots (a user, a token name), for
+	// operators.
 	Holder string
 	// Endpoint says what the slots are for, for operators.
 	Endpoint string
@@ -90,18 +107,27 @@ type Claim struct {
 
 // Options configure a Leaser.
 type Options struct {
-	// Table is the table the slots live in. Default: HeavyPermit.
-	Table Table
+	// Kind is the kind of slot, and so the table the slots live in.
+	// Default: HeavyPermit.
+	Kind Kind
 	// Replica names this replica on every row it writes, for operators.
 	// Default: host:pid.
 	Replica string
+	// Timeout bounds each round trip (a batch of claims and releases),
+	// waiting for a scope's lock included, so a database that stops
+	// answering fails a claim within it instead of hanging it. Default 5s.
+	Timeout time.Duration
+	// MaxBatch is the most claims and releases one round trip carries.
+	// Default 64.
+	MaxBatch int
 }
 
 // ErrRefused is matched (errors.Is) by every *RefusedError.
 var ErrRefused = errors.New("permit: no free slot")
 
 // ErrInvalidClaim is returned for a claim that could never be granted: no
-// scopes, an empty key, a cap below 1 or a lease that is not positive.
+// scope or more than two, an empty or repeated key, a cap outside
+// 1..MaxCap or a lease that is not positive.
 var ErrInvalidClaim = errors.New("permit: invalid claim")
 
 // RefusedError says which scope had no free slot.
@@ -122,39 +148,51 @@ func (e *RefusedError) Error() string {
 // Is reports whether target is ErrRefused.
 func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
 
-// Leaser claims and releases slots in one table. It is safe for concurrent
+// Leaser claims and releases slots of one kind. It is safe for concurrent
 // use.
 type Leaser struct {
-	pool    DB
-	table   Table
-	replica string
-	q       *db.Queries
+	pool     DB
+	kind     Kind
+	replica  string
+	timeout  time.Duration
+	maxBatch int
+	q        *db.Queries
+
+	mu       sync.Mutex
+	queue    []*op
+	flushers int // goroutines sending batches; at most maxFlushers
 }
+
+// maxFlushers is how many batches of one Leaser may be in flight at once:
+// two keep the database busy while the replica reads the previous answer.
+const maxFlushers = 2
 
 // New returns a Leaser over pool.
 func New(pool DB, opts Options) (*Leaser, error) {
 	if pool == nil {
 		return nil, errors.New("permit: nil pool")
 	}
-	switch opts.Table {
-	case HeavyPermit, RequestInFlight, UploadWindow:
-	default:
-		return nil, fmt.Errorf("permit: unknown table %v", opts.Table)
+	if opts.Kind == "" {
+		opts.Kind = HeavyPermit
 	}
 	if opts.Replica == "" {
-		opts.Replica = DefaultReplicaName()
+		opts.Replica = procname.Default()
 	}
-	return &Leaser{pool: pool, table: opts.Table, replica: opts.Replica, q: db.New()}, nil
+	if opts.Timeout < 0 || opts.MaxBatch < 0 {
+		return nil, errors.New("permit: negative Timeout or MaxBatch")
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
+		maxBatch: opts.MaxBatch, q: db.New()}, nil
 }
 
-// DefaultReplicaName is host:pid.
-func DefaultReplicaName() string {
-	host, _ := os.Hostname()
-	return fmt.Sprintf("%s:%d", host, os.Getpid())
-}
-
-// Table returns the table the Leaser writes.
-func (l *Leaser) Table() Table { return l.table }
+// Kind returns the kind of slot the Leaser writes.
+func (l *Leaser) Kind() Kind { return l.kind }
 
 // Lease is a granted claim. Release it when the work it guards ends.
 type Lease struct {
@@ -168,136 +206,99 @@ type Lease struct {
 	keys   []string
 }
 
+// Keys are the scope keys the lease holds slots in.
+func (l *Lease) Keys() []string { return append([]string(nil), l.keys...) }
+
 // Claim takes one slot in every scope of c, or none. It returns a
 // *RefusedError (errors.Is(err, ErrRefused)) when a scope is full; any other
-// error is the database's.
+// error is the database's, or ctx's. A claim whose caller's ctx ends while
+// its round trip is in flight is given back as soon as it is granted.
 func (l *Leaser) Claim(ctx context.Context, c Claim) (*Lease, error) {
-	if len(c.Scopes) == 0 || c.Lease <= 0 {
-		return nil, ErrInvalidClaim
+	if err := validate(c); err != nil {
+		return nil, err
+	}
+	o := &op{claim: &c, id: uuid.New(), done: make(chan struct{})}
+	if err := l.wait(ctx, o); err != nil {
+		return nil, err
+	}
+	if o.err != nil {
+		return nil, fmt.Errorf("permit: claim in %s: %w", l.kind, o.err)
+	}
+	if o.refused != nil {
+		return nil, o.refused
 	}
 	keys := make([]string, len(c.Scopes))
-	caps := make([]int32, len(c.Scopes))
 	for i, s := range c.Scopes {
-		if s.Key == "" || s.Cap < 1 || s.Cap > 1<<20 {
-			return nil, ErrInvalidClaim
-		}
-		keys[i], caps[i] = s.Key, int32(s.Cap)
+		keys[i] = s.Key
 	}
-	id := uuid.New()
-	params := &db.HeavyPermitClaimParams{
-		Scopes:   keys,
-		Caps:     caps,
-		LeaseID:  id,
-		Holder:   c.Holder,
-		Endpoint: c.Endpoint,
-		Replica:  l.replica,
-		LeaseMs:  c.Lease.Milliseconds(),
-	}
-	// The lock and the claim travel in one batch: one round trip, one
-	// implicit transaction. See sql/queries/heavy_permit.sql.
-	b := &batch{conn: l.pool}
-	rows, err := l.claim(ctx, b, params)
-	if err == nil {
-		err = b.closeErr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("permit: claim in %s: %w", l.table, err)
-	}
-	if len(rows) != len(c.Scopes) {
-		return nil, fmt.Errorf("permit: claim in %s returned %d rows for %d scopes", l.table, len(rows), len(c.Scopes))
-	}
-	slots := make([]int, len(rows))
-	granted := 0
-	for i, r := range rows {
-		slots[i] = int(r.GrantedSlot)
-		if r.GrantedSlot > 0 {
-			granted++
-		}
-	}
-	if granted == len(rows) {
-		return &Lease{ID: id, Slots: slots, leaser: l, keys: keys}, nil
-	}
-	if granted > 0 {
-		// Cannot happen while the scope locks are held (the statement grants
-		// all or none), but a partial grant must never be kept.
-		lease := &Lease{ID: id, leaser: l, keys: keys}
-		_ = lease.Release(context.WithoutCancel(ctx))
-	}
-	refused := 0
-	for i, r := range rows {
-		if r.Live >= r.Cap {
-			refused = i
-			break
-		}
-	}
-	r := rows[refused]
-	return nil, &RefusedError{
-		Scope:      c.Scopes[refused],
-		Live:       int(r.Live),
-		FirstLapse: time.Duration(r.FirstLapseMs) * time.Millisecond,
-	}
+	return &Lease{ID: o.id, Slots: o.slots, leaser: l, keys: keys}, nil
 }
 
-// Release gives back every slot of the lease in one statement. It is safe to
-// call more than once and after the lease lapsed: it never deletes a slot
-// someone else has claimed since. Call it with a context that outlives the
-// request (context.WithoutCancel) so a client that went away still frees
-// its slots.
-func (l *Lease) Release(ctx context.Context) error {
-	if l == nil || l.leaser == nil {
-		return nil
+func validate(c Claim) error {
+	if len(c.Scopes) == 0 || len(c.Scopes) > 2 || c.Lease <= 0 || c.Lease.Milliseconds() < 1 {
+		return ErrInvalidClaim
 	}
-	if _, err := l.leaser.release(ctx, l.keys, l.ID); err != nil {
-		return fmt.Errorf("permit: release in %s: %w", l.leaser.table, err)
+	for i, s := range c.Scopes {
+		if s.Key == "" || s.Cap < 1 || s.Cap > MaxCap {
+			return ErrInvalidClaim
+		}
+		if i == 1 && s.Key == c.Scopes[0].Key {
+			return ErrInvalidClaim
+		}
 	}
 	return nil
 }
 
-// Keys are the scope keys the lease holds slots in.
-func (l *Lease) Keys() []string { return append([]string(nil), l.keys...) }
-
-// claim runs the table's lock and claim statements on x. The generated
-// parameter and row types of the three tables are identical structs, so
-// they convert into one another.
-func (l *Leaser) claim(ctx context.Context, x db.DBTX, p *db.HeavyPermitClaimParams) ([]*db.HeavyPermitClaimRow, error) {
-	switch l.table {
-	case RequestInFlight:
-		if err := l.q.RequestInFlightLockScopes(ctx, x, p.Scopes); err != nil {
-			return nil, err
-		}
-		rows, err := l.q.RequestInFlightClaim(ctx, x, (*db.RequestInFlightClaimParams)(p))
-		out := make([]*db.HeavyPermitClaimRow, len(rows))
-		for i, r := range rows {
-			out[i] = (*db.HeavyPermitClaimRow)(r)
-		}
-		return out, err
-	case UploadWindow:
-		if err := l.q.UploadWindowLockScopes(ctx, x, p.Scopes); err != nil {
-			return nil, err
-		}
-		rows, err := l.q.UploadWindowClaim(ctx, x, (*db.UploadWindowClaimParams)(p))
-		out := make([]*db.HeavyPermitClaimRow, len(rows))
-		for i, r := range rows {
-			out[i] = (*db.HeavyPermitClaimRow)(r)
-		}
-		return out, err
-	default:
-		if err := l.q.HeavyPermitLockScopes(ctx, x, p.Scopes); err != nil {
-			return nil, err
-		}
-		return l.q.HeavyPermitClaim(ctx, x, p)
+// Release gives back every slot of the lease. It is safe to call more than
+// once and after the lease lapsed: it never deletes a slot someone else
+// has claimed since. The release goes ahead even when ctx ends first (the
+// caller then gets ctx's error): a client that went away still frees its
+// slots.
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil || l.leaser == nil {
+		return nil
 	}
+	o := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
+	if err := l.leaser.wait(ctx, o); err != nil {
+		return err
+	}
+	if o.err != nil {
+		return fmt.Errorf("permit: release in %s: %w", l.leaser.kind, o.err)
+	}
+	return nil
 }
 
-func (l *Leaser) release(ctx context.Context, keys []string, id uuid.UUID) (int64, error) {
-	switch l.table {
-	case RequestInFlight:
-		return l.q.RequestInFlightRelease(ctx, l.pool, &db.RequestInFlightReleaseParams{Scopes: keys, LeaseID: id})
-	case UploadWindow:
-		return l.q.UploadWindowRelease(ctx, l.pool, &db.UploadWindowReleaseParams{Scopes: keys, LeaseID: id})
-	default:
-		return l.q.HeavyPermitRelease(ctx, l.pool, &db.HeavyPermitReleaseParams{Scopes: keys, LeaseID: id})
+// Held is one live slot, as operators see it.
+type Held struct {
+	Kind      Kind
+	Scope     string
+	Slot      int
+	Holder    string
+	Endpoint  string
+	Replica   string
+	ClaimedAt time.Time
+	ExpiresAt time.Time
+}
+
+// List returns the live slots of the Leaser's kind, by scope and slot: the
+// operator view.
+func (l *Leaser) List(ctx context.Context) ([]Held, error) {
+	return List(ctx, l.pool, l.kind)
+}
+
+// List returns the live slots of kind in pool's database, by scope and
+// slot.
+func List(ctx context.Context, pool db.DBTX, kind Kind) ([]Held, error) {
+	rows, err := db.New().SlotList(ctx, pool, string(kind))
+	if err != nil {
+		return nil, fmt.Errorf("permit: list %s: %w", kind, err)
 	}
+	out := make([]Held, len(rows))
+	for i, r := range rows {
+		out[i] = Held{Kind: kind, Scope: r.Scope, Slot: int(r.Slot), Holder: r.Holder, Endpoint: r.Endpoint,
+			Replica: r.Replica, ClaimedAt: r.ClaimedAt, ExpiresAt: r.ExpiresAt}
+	}
+	return out, nil
 }
 
 // ScopeKey joins parts into a scope key, escaping the separator so that
@@ -308,4 +309,14 @@ func ScopeKey(parts ...string) string {
 		esc[i] = strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(p)
 	}
 	return strings.Join(esc, ":")
+}
+
+// storable makes a text the database stores whatever it holds: valid UTF-8
+// without NUL (PostgreSQL text refuses both), at most 200 bytes.
+func storable(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > 200 {
+		s = strings.ToValidUTF8(s[:200], "")
+	}
+	return s
 }

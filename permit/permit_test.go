@@ -30,11 +30,11 @@ func replicas(t *testing.T, n int, conns int32) ([]*pgxpool.Pool, string) {
 	return pools, url
 }
 
-func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Table) []*permit.Leaser {
+func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Kind) []*permit.Leaser {
 	t.Helper()
 	out := make([]*permit.Leaser, len(pools))
 	for i, p := range pools {
-		l, err := permit.New(p, permit.Options{Table: table, Replica: fmt.Sprintf("r%d", i)})
+		l, err := permit.New(p, permit.Options{Kind: table, Replica: fmt.Sprintf("r%d", i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Table) []*permit.
 // gives about a third of the time).
 func TestBurstGrantsExactlyCap(t *testing.T) {
 	t.Parallel()
-	for _, table := range []permit.Table{permit.HeavyPermit, permit.RequestInFlight, permit.UploadWindow} {
+	for _, table := range []permit.Kind{permit.HeavyPermit, permit.RequestInFlight, permit.UploadWindow} {
 		for _, capacity := range []int{4, 16} {
 			t.Run(fmt.Sprintf("%s/cap%d", table, capacity), func(t *testing.T) {
 				t.Parallel()
@@ -136,7 +136,7 @@ func TestClaimIsAllOrNothing(t *testing.T) {
 		t.Errorf("FirstLapse = %v, want about a minute", refused.FirstLapse)
 	}
 	var aliceRows int
-	if err := pools[0].QueryRow(ctx, `SELECT count(*) FROM heavy_permit WHERE scope = 'user:x:alice'`).Scan(&aliceRows); err != nil {
+	if err := pools[0].QueryRow(ctx, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope = 'user:x:alice'`).Scan(&aliceRows); err != nil {
 		t.Fatal(err)
 	}
 	if aliceRows != 0 {
@@ -258,6 +258,10 @@ func TestInvalidClaims(t *testing.T) {
 		"huge cap":       {Scopes: []permit.Scope{{Key: "a", Cap: 1 << 30}}, Lease: time.Second},
 		"zero lease":     {Scopes: []permit.Scope{{Key: "a", Cap: 1}}},
 		"negative lease": {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: -time.Second},
+		"sub-ms lease":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: time.Microsecond},
+		"three scopes":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "b", Cap: 1}, {Key: "c", Cap: 1}}, Lease: time.Second},
+		"same key twice": {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "a", Cap: 1}}, Lease: time.Second},
+		"cap above max":  {Scopes: []permit.Scope{{Key: "a", Cap: permit.MaxCap + 1}}, Lease: time.Second},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := l.Claim(context.Background(), c); !errors.Is(err, permit.ErrInvalidClaim) {

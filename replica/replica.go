@@ -31,7 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/procname"
 )
 
 // DefaultInterval is the heartbeat interval when Options.Interval is zero.
@@ -44,7 +44,7 @@ const Lapse = 3
 // Options configure a Registry.
 type Options struct {
 	// Name identifies this replica's row; two replicas must not share it.
-	// Default host:pid (permit.DefaultReplicaName).
+	// Default host:pid (host:pid).
 	Name string
 	// Interval is the time between heartbeats. A row lapses Lapse (3)
 	// intervals after its last heartbeat. Default 5s; at least 10ms.
@@ -92,7 +92,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
 		return nil, errors.New("replica: nil pool")
 	}
 	if opts.Name == "" {
-		opts.Name = permit.DefaultReplicaName()
+		opts.Name = procname.Default()
 	}
 	if strings.TrimSpace(opts.Name) != opts.Name || len(opts.Name) > 200 {
 		return nil, fmt.Errorf("replica: name %q: blank at either end or longer than 200 bytes", opts.Name)
@@ -118,6 +118,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
 	return &Registry{pool: pool, q: db.New(), name: opts.Name, interval: opts.Interval, timeout: opts.Timeout,
 		log: opts.Logger, now: opts.Now}, nil
 }
+
+// DefaultName is the name a replica gets when Options.Name is empty: the
+// host name and the process id, host:pid.
+func DefaultName() string { return procname.Default() }
 
 // Name is this replica's name in the registry.
 func (r *Registry) Name() string { return r.name }

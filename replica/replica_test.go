@@ -51,7 +51,7 @@ func observe(t *testing.T, obs *pgxpool.Pool, name string) (row, bool) {
 	err := obs.QueryRow(context.Background(), `
 		SELECT ready, started_at, heartbeat_at, expires_at,
 		       extract(epoch FROM expires_at - heartbeat_at) * 1000, ready AND expires_at > now()
-		FROM replica WHERE name = $1`, name).
+		FROM pglimit.replica WHERE name = $1`, name).
 		Scan(&r.ready, &r.started, &r.heartbeat, &r.expires, &ttlMs, &r.countsNow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false
@@ -186,7 +186,7 @@ func TestStaleRowNotCounted(t *testing.T) {
 	last, _ := observe(t, obs, "b")
 	eventually(t, 5*time.Second, "b stops being counted", func() bool { return readyCount(t, a) == 1 })
 	var stale bool
-	if err := obs.QueryRow(ctx, `SELECT now() - heartbeat_at >= $1::interval FROM replica WHERE name = 'b'`,
+	if err := obs.QueryRow(ctx, `SELECT now() - heartbeat_at >= $1::interval FROM pglimit.replica WHERE name = 'b'`,
 		(replica.Lapse * interval).String()).Scan(&stale); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestRowRecreatedAfterTruncate(t *testing.T) {
 	}
 	before, _ := observe(t, obs, "a")
 	time.Sleep(20 * time.Millisecond)
-	if _, err := obs.Exec(ctx, `TRUNCATE replica`); err != nil {
+	if _, err := obs.Exec(ctx, `TRUNCATE pglimit.replica`); err != nil {
 		t.Fatal(err)
 	}
 	if n := readyCount(t, a); n != 1 {

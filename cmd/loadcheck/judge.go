@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"sort"
 	"time"
 )
@@ -141,6 +143,14 @@ func judgeRefusals(recs []record, ru rule) (refused, falseRefused int) {
 			}
 			if holders < ru.cap {
 				falseRefused++
+				if os.Getenv("LOADCHECK_DEBUG") != "" {
+					fmt.Fprintf(os.Stderr, "FALSE REFUSAL %+v\n", *r)
+					for _, h := range g {
+						if h.start < r.end+200*time.Millisecond && h.end+200*time.Millisecond > r.start {
+							fmt.Fprintf(os.Stderr, "   near %+v holds=%v\n", *h, ru.holds(h))
+						}
+					}
+				}
 			}
 		}
 	}

@@ -144,7 +144,7 @@ func TestConsoleCannotEscapeItsRole(t *testing.T) {
 		`SELECT password_hash FROM app_user`,
 		`SELECT digest FROM api_token`,
 		`SELECT pg_read_file('/etc/passwd')`,
-		`SELECT * FROM heavy_permit`,
+		`SELECT * FROM pglimit.heavy_permit`,
 	} {
 		r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": sql})
 		m := r.problemOf(t, http.StatusBadRequest, "invalid-sql")

@@ -90,15 +90,15 @@ func TestFaultReplicaKilledHoldingPermits(t *testing.T) {
 			_, _ = sendWithin(time.Minute, http.MethodPost, victim.URL+"/api/sql", "alice-token", console("SELECT pg_sleep(1.8)"))
 		}()
 	}
-	const victimPermits = `SELECT count(*) FROM heavy_permit WHERE replica = $1 AND holder = 'alice' AND endpoint = 'sql-console'`
-	const victimInFlight = `SELECT count(*) FROM request_in_flight WHERE replica = $1`
+	const victimPermits = `SELECT count(*) FROM pglimit.heavy_permit WHERE replica = $1 AND holder = 'alice' AND endpoint = 'sql-console'`
+	const victimInFlight = `SELECT count(*) FROM pglimit.request_in_flight WHERE replica = $1`
 	waitFor(t, 10*time.Second, "alice's two console permits on the victim", func() bool {
 		return count(obs, victimPermits+` AND scope <> 'installation'`, victim.Name) == 2 && count(obs, victimInFlight, victim.Name) == 2
 	})
 	// When the permits lapse, by the database's clock, seen from now.
 	var lapseIn time.Duration
 	if err := obs.QueryRow(context.Background(), `SELECT (extract(epoch FROM max(expires_at) - now()) * 1000)::bigint * interval '1 millisecond'
-		FROM heavy_permit WHERE replica = $1`, victim.Name).Scan(&lapseIn); err != nil {
+		FROM pglimit.heavy_permit WHERE replica = $1`, victim.Name).Scan(&lapseIn); err != nil {
 		t.Fatal(err)
 	}
 	victim.Kill()
@@ -233,7 +233,7 @@ func TestFaultDatabaseCrash(t *testing.T) {
 	rowsOf := func() map[string]int {
 		m := map[string]int{}
 		for _, table := range limitTables {
-			m[table] = count(obs, `SELECT count(*) FROM `+table)
+			m[table] = count(obs, `SELECT count(*) FROM pglimit.`+table)
 		}
 		return m
 	}
@@ -568,7 +568,7 @@ func TestFaultPoolPressure(t *testing.T) {
 		}()
 	}
 	waitFor(t, 10*time.Second, "both installation slots held", func() bool {
-		return count(obs, `SELECT count(*) FROM heavy_permit WHERE scope = 'installation' AND expires_at > now()`) == 2
+		return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope = 'installation' AND expires_at > now()`) == 2
 	})
 
 	type outcome struct {

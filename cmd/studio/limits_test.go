@@ -119,7 +119,7 @@ func TestHousekeepingRemovesLapsedRows(t *testing.T) {
 	pool := pgtest.Pool(t, dbURL, 1)
 	count := func() int {
 		var n int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM upload_window`).Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.upload_window`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

@@ -65,6 +65,10 @@ func Limits() Migration {
 	return Migration{FS: schema.FS(), Table: schema.VersionTable, LockID: schema.LockID}
 }
 
+func (m Migration) schema() schema.Migration {
+	return schema.Migration{FS: m.FS, VersionTable: m.Table, LockID: m.LockID}
+}
+
 var (
 	serverOnce sync.Once
 	serverURL  string
@@ -169,7 +173,7 @@ func (m migrator) Hash() (string, error) {
 
 func (m migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) error {
 	for _, mig := range m {
-		if err := schema.MigrateDB(ctx, db, mig.FS, mig.Table, mig.LockID); err != nil {
+		if err := schema.ApplyDB(ctx, db, mig.schema()); err != nil {
 			return err
 		}
 	}
@@ -279,7 +283,7 @@ func WithReplica(t TB, migrations ...Migration) (primary, replica *embedpg.Clust
 
 func (m migrator) migratePool(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, mig := range m {
-		if err := schema.MigrateFS(ctx, pool, mig.FS, mig.Table, mig.LockID); err != nil {
+		if err := schema.Apply(ctx, pool, mig.schema()); err != nil {
 			return err
 		}
 	}

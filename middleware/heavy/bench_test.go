@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
@@ -17,9 +15,7 @@ import (
 // BenchmarkHeavyPermit measures what a heavy request adds: claiming the
 // user's and the installation's permits in one round trip and releasing
 // both in one, at 1 and 16 concurrent clients (each its own user), beside
-// the floor (SELECT 1 on the same pool) and the naive claim (the claim
-// statement alone on one scope, without the scope lock, plus its release)
-// measured in the same run. Compare with benchstat or read ns/op side by
+// the floor (SELECT 1 on the same pool) measured in the same run. Compare with benchstat or read ns/op side by
 // side: BenchmarkHeavyPermit/clients=1/select1 is the floor.
 func BenchmarkHeavyPermit(b *testing.B) {
 	url := pgtest.URL(b)
@@ -37,17 +33,6 @@ func BenchmarkHeavyPermit(b *testing.B) {
 		op   func(ctx context.Context, user string) error
 	}{
 		{"select1", func(ctx context.Context, _ string) error { return q.SessionPing(ctx, pool) }},
-		{"naive-claim+release", func(ctx context.Context, user string) error {
-			id := uuid.New()
-			scope := []string{heavy.UserScope(ep.Name, user)}
-			if _, err := q.HeavyPermitClaim(ctx, pool, &db.HeavyPermitClaimParams{
-				Scopes: scope, Caps: []int32{2}, LeaseID: id, Holder: user, Endpoint: ep.Name, Replica: "bench", LeaseMs: 90000,
-			}); err != nil {
-				return err
-			}
-			_, err := q.HeavyPermitRelease(ctx, pool, &db.HeavyPermitReleaseParams{Scopes: scope, LeaseID: id})
-			return err
-		}},
 		{"heavy-claim+release", func(ctx context.Context, user string) error {
 			p, err := l.Acquire(ctx, ep, user)
 			if err != nil {

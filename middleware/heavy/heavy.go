@@ -134,7 +134,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Table: permit.HeavyPermit, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica})
 	if err != nil {
 		return nil, err
 	}

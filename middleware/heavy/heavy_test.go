@@ -372,7 +372,7 @@ func assertNoPermits(t *testing.T, pool *pgxpool.Pool) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var n int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM heavy_permit`).Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.heavy_permit`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
@@ -427,7 +427,7 @@ func TestReleasedOnPanicAndDisconnect(t *testing.T) {
 		go func() { _, _ = http.DefaultClient.Do(req) }()
 		<-started
 		var n int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM heavy_permit`).Scan(&n); err != nil || n != 2 {
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.heavy_permit`).Scan(&n); err != nil || n != 2 {
 			t.Fatalf("while running: %d permits (want 2: user and installation), err %v", n, err)
 		}
 		cancel()

@@ -115,7 +115,7 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Table: permit.RequestInFlight, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica})
 	if err != nil {
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func rowObserver(t *testing.T, url, scope string) (max *peak, stop func()) {
 			}
 			var n int64
 			if err := conn.QueryRow(context.Background(),
-				`SELECT count(*) FROM request_in_flight WHERE scope = $1 AND expires_at > now()`, scope).Scan(&n); err == nil {
+				`SELECT count(*) FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, scope).Scan(&n); err == nil {
 				max.see(n)
 			}
 			time.Sleep(time.Millisecond)
@@ -148,7 +148,7 @@ func liveRows(t testing.TB, pool *pgxpool.Pool, key string) int {
 	t.Helper()
 	var n int
 	if err := pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope(key)).Scan(&n); err != nil {
+		`SELECT count(*) FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope(key)).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -356,7 +356,7 @@ func TestLeaseIsMaxDurationPlus30s(t *testing.T) {
 		d, _ := r.Context().Deadline()
 		deadline = time.Until(d)
 		var ms int64
-		if err := pool.QueryRow(r.Context(), `SELECT (extract(epoch FROM expires_at - claimed_at) * 1000)::bigint FROM request_in_flight`).Scan(&ms); err != nil {
+		if err := pool.QueryRow(r.Context(), `SELECT (extract(epoch FROM expires_at - claimed_at) * 1000)::bigint FROM pglimit.request_in_flight`).Scan(&ms); err != nil {
 			t.Error(err)
 		}
 		lease = time.Duration(ms) * time.Millisecond
@@ -466,7 +466,7 @@ func TestEndpointFromHostilePath(t *testing.T) {
 	var seen []string
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var endpoint string
-		if err := pool.QueryRow(r.Context(), `SELECT endpoint FROM request_in_flight WHERE holder = 'id-of-t'`).Scan(&endpoint); err != nil {
+		if err := pool.QueryRow(r.Context(), `SELECT endpoint FROM pglimit.request_in_flight WHERE holder = 'id-of-t'`).Scan(&endpoint); err != nil {
 			t.Error(err)
 		}
 		seen = append(seen, endpoint)

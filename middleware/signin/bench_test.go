@@ -137,8 +137,8 @@ func BenchmarkLimits(b *testing.B) {
 				// kept: the table grows by b.N).
 				upool, _ := pgtest.NewDB(b, 16)
 				if _, err := upool.Exec(ctx, `
-					INSERT INTO upload_window (scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
-					SELECT 'upload:other-' || g, 1, gen_random_uuid(), 'other', 'upload', 'r', now(), now() + interval '1 hour'
+					INSERT INTO pglimit.upload_window (kind, scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+					SELECT 'upload_window', 'upload:other-' || g, 1, gen_random_uuid(), 'other', 'upload', 'r', now(), now() + interval '1 hour'
 					FROM generate_series(1, $1) AS g`, rows); err != nil {
 					b.Fatal(err)
 				}

@@ -429,6 +429,29 @@ func (a *Attempt) Abandon(ctx context.Context) error {
 	return nil
 }
 
+// Throttle is the live failures of one key, as operators see them.
+type Throttle struct {
+	Key       string
+	Failures  int
+	FirstAt   time.Time
+	LastAt    time.Time
+	ExpiresAt time.Time
+}
+
+// List returns every key with live failures, the most recent window first:
+// the operator view. Usernames are in the keys: show it to operators only.
+func (l *Limiter) List(ctx context.Context) ([]Throttle, error) {
+	rows, err := l.q.LoginAttemptList(ctx, l.pool)
+	if err != nil {
+		return nil, fmt.Errorf("signin: list: %w", err)
+	}
+	out := make([]Throttle, len(rows))
+	for i, r := range rows {
+		out[i] = Throttle{Key: r.Key, Failures: int(r.Failures), FirstAt: r.FirstAt, LastAt: r.LastAt, ExpiresAt: r.ExpiresAt}
+	}
+	return out, nil
+}
+
 type attemptKey struct{}
 
 // FromContext returns the attempt of the sign-in request ctx belongs to.

@@ -178,7 +178,7 @@ func checkThrottled(t *testing.T, got response, limit int, window time.Duration)
 func failures(t testing.TB, pool *pgxpool.Pool, key string) int {
 	t.Helper()
 	var n int
-	err := pool.QueryRow(context.Background(), `SELECT failures FROM login_attempt WHERE key = $1 AND expires_at > now()`, key).Scan(&n)
+	err := pool.QueryRow(context.Background(), `SELECT failures FROM pglimit.login_attempt WHERE key = $1 AND expires_at > now()`, key).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0
 	}
@@ -234,7 +234,7 @@ func TestSuccessClearsFailures(t *testing.T) {
 		t.Fatalf("success (-want +got):\n%s", diff)
 	}
 	var rows int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM login_attempt`).Scan(&rows); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.login_attempt`).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
 	if rows != 0 {
@@ -846,7 +846,7 @@ func TestNonHTTPAPI(t *testing.T) {
 			if _, err := l.Check(ctx, ""); !errors.Is(err, signin.ErrNoKey) {
 				t.Fatalf("empty key: %v", err)
 			}
-			if _, err := pool.Exec(ctx, `DELETE FROM login_attempt WHERE key = $1`, key); err != nil {
+			if _, err := pool.Exec(ctx, `DELETE FROM pglimit.login_attempt WHERE key = $1`, key); err != nil {
 				t.Fatal(err)
 			}
 			a, err := l.Check(ctx, key)

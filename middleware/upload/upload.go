@@ -113,7 +113,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Table: permit.UploadWindow, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica})
 	if err != nil {
 		return nil, err
 	}

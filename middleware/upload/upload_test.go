@@ -144,7 +144,7 @@ func liveSlots(t testing.TB, pool *pgxpool.Pool, user string) int {
 	t.Helper()
 	var n int
 	if err := pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope(user)).Scan(&n); err != nil {
+		`SELECT count(*) FROM pglimit.upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope(user)).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -226,7 +226,7 @@ func TestRollingWindowBoundary(t *testing.T) {
 	}
 	ctx := context.Background()
 	var first time.Time
-	if err := pool.QueryRow(ctx, `SELECT min(claimed_at) FROM upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&first); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT min(claimed_at) FROM pglimit.upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
 	checkRefusal(t, send(t, h, "bob", "plugin"), 5, "2 seconds", 2)
@@ -244,7 +244,7 @@ func TestRollingWindowBoundary(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	var sixth, dbNow time.Time
-	if err := pool.QueryRow(ctx, `SELECT max(claimed_at), now() FROM upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&sixth, &dbNow); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT max(claimed_at), now() FROM pglimit.upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&sixth, &dbNow); err != nil {
 		t.Fatal(err)
 	}
 	if gap := sixth.Sub(first); gap < window {
@@ -274,7 +274,7 @@ func TestRollingBoundUnderLoad(t *testing.T) {
 	)
 	p := &plugins{onStored: func(r *http.Request) {
 		// This upload's own row is live now: collect every live row.
-		rows, err := observer.Query(r.Context(), `SELECT lease_id, claimed_at FROM upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope("carol"))
+		rows, err := observer.Query(r.Context(), `SELECT lease_id, claimed_at FROM pglimit.upload_window WHERE scope = $1 AND expires_at > now()`, upload.Scope("carol"))
 		if err != nil {
 			t.Error(err)
 			return

@@ -10,14 +10,14 @@
 -- Retry-After never depends on a replica's clock.
 SELECT failures, expires_at,
        ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
-FROM login_attempt
+FROM pglimit.login_attempt
 WHERE key = @key::text AND expires_at > now();
 
 -- name: LoginAttemptRecordFailure :one
 -- Counts a failed sign-in: opens a new window when there is none or the last
 -- one lapsed, adds one to the live one otherwise. Concurrent failures of one
 -- key serialise on the row lock ON CONFLICT takes, so none is lost.
-INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
 VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
 ON CONFLICT (key) DO UPDATE SET
     failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
@@ -37,7 +37,7 @@ RETURNING failures, expires_at,
 -- find no row, or an older, lapsed one (retry_ms <= 0). The caller then
 -- reads the row again (LoginAttemptGet, a fresh snapshot) for Retry-After.
 WITH reserved AS (
-    INSERT INTO login_attempt AS a (key, failures, first_at, last_at, expires_at)
+    INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
     VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
     ON CONFLICT (key) DO UPDATE SET
         failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
@@ -53,32 +53,32 @@ FROM reserved AS r
 UNION ALL
 SELECT false AS reserved, l.failures, l.expires_at,
        ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM login_attempt AS l
+FROM pglimit.login_attempt AS l
 WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
 
 -- name: LoginAttemptUnreserve :exec
 -- Strict mode: gives back a reservation whose attempt never checked a
 -- password (a malformed request, a server error).
-UPDATE login_attempt
+UPDATE pglimit.login_attempt
 SET failures = failures - 1
 WHERE key = @key::text AND failures > 0 AND expires_at > now();
 
 -- name: LoginAttemptClear :exec
 -- A successful sign-in clears the key's failures.
-DELETE FROM login_attempt WHERE key = @key::text;
+DELETE FROM pglimit.login_attempt WHERE key = @key::text;
 
 -- name: LoginAttemptList :many
 -- The live throttles, for the operator view.
 SELECT key, failures, first_at, last_at, expires_at
-FROM login_attempt
+FROM pglimit.login_attempt
 WHERE expires_at > now()
 ORDER BY expires_at DESC, key;
 
 -- name: LoginAttemptDeleteLapsed :execrows
 -- Housekeeping: deletes at most @batch lapsed rows.
-DELETE FROM login_attempt
+DELETE FROM pglimit.login_attempt
 WHERE key IN (
-    SELECT key FROM login_attempt
+    SELECT key FROM pglimit.login_attempt
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT @batch::int

@@ -2,8 +2,10 @@ package schema_test
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,35 +13,41 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// TestLimitTablesAreUnlogged checks the ADR's premise: every limit table is
-// UNLOGGED (relpersistence 'u') and has an index on expires_at.
+// TestLimitTablesAreUnlogged checks the ADR's premise: every table of the
+// schema pglimit but goose's own is UNLOGGED (relpersistence 'u') and has
+// an index on expires_at, and the slot tables are partitions of one parent.
 func TestLimitTablesAreUnlogged(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
 	rows, err := pool.Query(context.Background(), `
-		SELECT c.relname, c.relpersistence::text,
+		SELECT c.relname, c.relkind::text, c.relpersistence::text,
+		       coalesce((SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE i.inhrelid = c.oid), ''),
 		       EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 		               WHERE i.indrelid = c.oid AND a.attname = 'expires_at')
 		FROM pg_class c
-		WHERE c.relname IN ('heavy_permit','login_attempt','upload_window','request_in_flight','replica') AND c.relkind = 'r'
+		WHERE c.relnamespace = 'pglimit'::regnamespace AND c.relkind IN ('r', 'p')
+		  AND c.relname NOT LIKE 'goose%'
 		ORDER BY c.relname`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	type table struct {
 		Name        string
+		Kind        string
 		Persistence string
+		Parent      string
 		Indexed     bool
 	}
 	var got []table
 	for rows.Next() {
 		var tb table
-		if err := rows.Scan(&tb.Name, &tb.Persistence, &tb.Indexed); err != nil {
+		if err := rows.Scan(&tb.Name, &tb.Kind, &tb.Persistence, &tb.Parent, &tb.Indexed); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, tb)
@@ -48,14 +56,120 @@ func TestLimitTablesAreUnlogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []table{
-		{"heavy_permit", "u", true},
-		{"login_attempt", "u", true},
-		{"replica", "u", true},
-		{"request_in_flight", "u", true},
-		{"upload_window", "u", true},
+		{"heavy_permit", "r", "u", "slot", true},
+		{"login_attempt", "r", "u", "", true},
+		{"replica", "r", "u", "", true},
+		{"request_in_flight", "r", "u", "slot", true},
+		{"slot", "p", "u", "", true},
+		{"upload_window", "r", "u", "slot", true},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("limit tables (-want +got):\n%s", diff)
+		t.Errorf("pglimit tables (-want +got):\n%s", diff)
+	}
+}
+
+// TestHostTablesOfTheSameNames migrates into a database that already has
+// tables public.replica, public.login_attempt and public.heavy_permit of
+// another shape, as a service of its own may: pglimit migrates, works,
+// and leaves the host's tables and rows as they were.
+func TestHostTablesOfTheSameNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.EmptyURL(t), 2)
+	for _, stmt := range []string{
+		`CREATE TABLE public.replica (id serial PRIMARY KEY, region text NOT NULL)`,
+		`CREATE TABLE public.login_attempt (id bigserial PRIMARY KEY, email text, ok boolean)`,
+		`CREATE TABLE public.heavy_permit (permit_no int PRIMARY KEY, note text)`,
+		`INSERT INTO public.replica (region) VALUES ('eu-west'), ('us-east')`,
+		`INSERT INTO public.login_attempt (email, ok) VALUES ('a@example.com', false)`,
+		`INSERT INTO public.heavy_permit VALUES (7, 'the host''s own')`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT
+			(SELECT string_agg(id || ':' || region, ',' ORDER BY id) FROM public.replica) || ' | ' ||
+			(SELECT string_agg(id || ':' || email || ':' || ok, ',') FROM public.login_attempt) || ' | ' ||
+			(SELECT string_agg(permit_no || ':' || note, ',') FROM public.heavy_permit) || ' | ' ||
+			(SELECT string_agg(table_name || '.' || column_name, ',' ORDER BY table_name, ordinal_position)
+			 FROM information_schema.columns WHERE table_schema = 'public')`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := host()
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate beside the host's tables: %v", err)
+	}
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatalf("second migration: %v", err)
+	}
+	if after := host(); after != before {
+		t.Fatalf("the host's tables changed:\nbefore %s\nafter  %s", before, after)
+	}
+	// pglimit works beside them.
+	l, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:alice", Cap: 1}}, Holder: "alice", Endpoint: "x", Lease: time.Minute})
+	if err != nil {
+		t.Fatalf("claim beside the host's tables: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pglimit.heavy_permit`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("pglimit.heavy_permit holds %d rows (%v), want 1", n, err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := host(); after != before {
+		t.Fatalf("the host's tables changed after a claim:\nbefore %s\nafter  %s", before, after)
+	}
+}
+
+// TestLegacyTablesAreMovedForward: an installation migrated before pglimit
+// had a schema of its own holds the limit tables in public beside
+// public.pglimit_schema_version. Migrating drops them (their UNLOGGED
+// contents go: limits restart from zero) and creates them in pglimit.
+func TestLegacyTablesAreMovedForward(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.EmptyURL(t), 2)
+	legacy, err := os.ReadFile("testdata/legacy.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, string(legacy)); err != nil {
+		t.Fatalf("legacy schema: %v", err)
+	}
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate a legacy installation: %v", err)
+	}
+	var public []string
+	rows, err := pool.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p') ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		public = append(public, n)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"unrelated"}, public); diff != "" {
+		t.Fatalf("tables left in public (-want +got):\n%s", diff)
+	}
+	var slots int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pglimit.slot`).Scan(&slots); err != nil || slots != 0 {
+		t.Fatalf("pglimit.slot: %d rows, %v", slots, err)
 	}
 }
 
@@ -119,7 +233,7 @@ func TestDownAndUpAgain(t *testing.T) {
 		t.Fatalf("down: %v", err)
 	}
 	var tables int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname IN ('heavy_permit','login_attempt','upload_window','request_in_flight','replica')`).Scan(&tables); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = 'pglimit'::regnamespace AND relname IN ('slot','heavy_permit','login_attempt','upload_window','request_in_flight','replica')`).Scan(&tables); err != nil {
 		t.Fatal(err)
 	}
 	if tables != 0 {

@@ -56,7 +56,7 @@ func run() error {
 	}
 	err = schema.Migrate(ctx, pool)
 	if err == nil {
-		err = schema.MigrateFS(ctx, pool, studioschema.FS(), studioschema.VersionTable, studioschema.LockID)
+		err = schema.Apply(ctx, pool, studioschema.Migration())
 	}
 	pool.Close()
 	if err != nil {

@@ -104,7 +104,7 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := schema.Migrate(ctx, a.primary); err != nil {
 		return nil, err
 	}
-	if err := schema.MigrateFS(ctx, a.primary, studioschema.FS(), studioschema.VersionTable, studioschema.LockID); err != nil {
+	if err := schema.Apply(ctx, a.primary, studioschema.Migration()); err != nil {
 		return nil, err
 	}
 	if cfg.DemoFor(embedded) {
@@ -148,7 +148,7 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err != nil {
 		return nil, err
 	}
-	a.background = append(a.background, keeper.Run)
+	a.background = append(a.background, func(ctx context.Context) { _ = keeper.Run(ctx) })
 	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log})
 	if err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/replica"
 )
 
 // Config is everything the service is configured with. Flag names are the
@@ -101,7 +101,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
 	fs.StringVar(&c.ReadReplicaURL, "read-replica-url", os.Getenv("READ_REPLICA_URL"), "read replica for history reads (default $READ_REPLICA_URL, else none)")
-	fs.StringVar(&c.ReplicaName, "replica-name", permit.DefaultReplicaName(), "name in the replica registry")
+	fs.StringVar(&c.ReplicaName, "replica-name", replica.DefaultName(), "name in the replica registry")
 	fs.BoolVar(&c.Demo, "demo", false, "seed demo users, tokens and history (default on when embedded)")
 	fs.IntVar(&c.PoolMaxConns, "pool-max-conns", 16, "pgxpool size; installation-wide heavy cap = max(1, this / 4)")
 

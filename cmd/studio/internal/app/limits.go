@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -54,45 +55,39 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
 		InstallationCap: a.heavy.InstallationCap(),
 	}
-	permits, err := a.limit.HeavyPermitList(ctx, a.primary)
-	if err != nil {
-		problem.Database(w, r, err)
-		return
+	if a.router.HasReplica() {
+		healthy := a.router.Healthy()
+		resp.ReadReplica = &healthy
 	}
-	for _, p := range permits {
-		resp.Permits = append(resp.Permits, limitRow(*p))
+	for _, kind := range []struct {
+		kind permit.Kind
+		into *[]limitRow
+	}{{permit.HeavyPermit, &resp.Permits}, {permit.UploadWindow, &resp.UploadWindows}, {permit.RequestInFlight, &resp.InFlight}} {
+		held, err := permit.List(ctx, a.primary, kind.kind)
+		if err != nil {
+			problem.Database(w, r, err)
+			return
+		}
+		for _, h := range held {
+			*kind.into = append(*kind.into, limitRow{Scope: h.Scope, Slot: int32(h.Slot), Holder: h.Holder, Endpoint: h.Endpoint,
+				Replica: h.Replica, ClaimedAt: h.ClaimedAt, ExpiresAt: h.ExpiresAt})
+		}
 	}
-	uploads, err := a.limit.UploadWindowList(ctx, a.primary)
-	if err != nil {
-		problem.Database(w, r, err)
-		return
-	}
-	for _, p := range uploads {
-		resp.UploadWindows = append(resp.UploadWindows, limitRow(*p))
-	}
-	inflight, err := a.limit.RequestInFlightList(ctx, a.primary)
-	if err != nil {
-		problem.Database(w, r, err)
-		return
-	}
-	for _, p := range inflight {
-		resp.InFlight = append(resp.InFlight, limitRow(*p))
-	}
-	throttles, err := a.limit.LoginAttemptList(ctx, a.primary)
+	throttles, err := a.signin.List(ctx)
 	if err != nil {
 		problem.Database(w, r, err)
 		return
 	}
 	for _, t := range throttles {
-		resp.Throttles = append(resp.Throttles, throttleRow(*t))
+		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: int32(t.Failures), FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
 	}
-	replicas, err := a.limit.ReplicaList(ctx, a.primary)
+	replicas, err := a.registry.List(ctx)
 	if err != nil {
 		problem.Database(w, r, err)
 		return
 	}
 	for _, rep := range replicas {
-		resp.Replicas = append(resp.Replicas, replicaRow(*rep))
+		resp.Replicas = append(resp.Replicas, replicaRow(rep))
 		if rep.Ready {
 			resp.ReadyReplicas++
 		}

@@ -6,6 +6,8 @@ package schema
 import (
 	"embed"
 	"io/fs"
+
+	pglimitschema "github.com/pglimit/pglimit/sql/schema"
 )
 
 //go:embed *.sql
@@ -17,5 +19,11 @@ func FS() fs.FS { return migrations }
 // VersionTable is the goose version table of the service's migrations.
 const VersionTable = "studio_schema_version"
 
-// LockID is the session advisory lock held while they run.
+// LockID is the goose lock row held while they run.
 const LockID = 0x73747564696f // "studio"
+
+// Migration is the service's migrations as pglimit's schema package
+// applies them.
+func Migration() pglimitschema.Migration {
+	return pglimitschema.Migration{FS: migrations, VersionTable: VersionTable, LockID: LockID}
+}

@@ -1,4 +1,6 @@
--- +goose Up
+-- The limit tables as pglimit created them in the default schema before it
+-- had a schema of its own (migrations 00001 and 00002 of that time), for
+-- TestLegacyTablesAreMovedForward.
 
 -- Every table here is UNLOGGED: writes skip the WAL, so a claim costs little,
 -- and a crash of the database empties the tables. Limits then restart from
@@ -77,9 +79,9 @@ CREATE UNLOGGED TABLE replica (
 );
 CREATE INDEX replica_expires_at ON replica (expires_at);
 
--- +goose Down
-DROP TABLE replica;
-DROP TABLE login_attempt;
-DROP TABLE upload_window;
-DROP TABLE request_in_flight;
-DROP TABLE heavy_permit;
+-- goose's version table as pglimit kept it before it had a schema of its own.
+CREATE TABLE pglimit_schema_version (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now());
+INSERT INTO pglimit_schema_version (version_id, is_applied) VALUES (0, true), (1, true), (2, true);
+INSERT INTO heavy_permit VALUES ('installation', 1, gen_random_uuid(), 'alice', 'sql-console', 'r1', now(), now() + interval '1 minute');
+-- A table of the service's own that must stay.
+CREATE TABLE unrelated (id int);

@@ -1,0 +1,174 @@
+-- Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
+-- in-flight cap and the upload window are all rows of pglimit.slot, one
+-- partition per kind (heavy_permit, request_in_flight, upload_window). The
+-- permit package runs these statements with the kind as a parameter, so
+-- each is written once for every kind. A claim is one round trip: a pgx
+-- Batch of SlotLockScopes and SlotClaim (and the SlotRelease of releases
+-- that arrived with it), one implicit transaction.
+--
+-- Claims are combined: the claims (and releases) that one replica's callers
+-- make while its previous batch is in flight travel together in the next
+-- one, as databases commit their log for many transactions at once. A
+-- batch of n claims costs one lock statement, one claim and one commit.
+
+-- name: SlotLockScopes :exec
+-- Serialises claimers of the same scopes until their transaction ends. It
+-- runs before SlotClaim in the same batch, so the claim's snapshot is taken
+-- after the lock and sees every slot committed by the claimer before it.
+-- Without it two claimers pick the same free slot, the loser's ON CONFLICT
+-- ... WHERE finds a live row and it is refused although other slots are
+-- free. Locks are taken in one order (by key), so that two batches cannot
+-- deadlock; the two-key form (class 1196) keeps clear of the application's
+-- own single-key advisory locks. A collision of two scopes' hashes only
+-- makes them take turns.
+-- It also sets, for the rest of the transaction, two planner settings for
+-- SlotClaim: no JIT (its default row estimates for unnest and
+-- generate_series look costly, and compiling would cost far more than
+-- running it), and the generic plan, which a prepared claim then plans once
+-- per connection instead of on every execution (planning is most of a
+-- small claim's server time).
+SELECT set_config('jit', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true),
+       pg_advisory_xact_lock(1196, k.key)
+FROM (
+    SELECT DISTINCT hashtext(@kind::text || ':' || s.scope) AS key
+    FROM unnest(@scopes::text[]) AS s(scope)
+    ORDER BY 1
+) AS k;
+
+-- name: SlotClaim :many
+-- Judges a batch of claims in order and grants each one a slot in every
+-- scope it wants, or nothing at all. A claim has its own scope (pos 1: a
+-- user's cap on an endpoint, a token, a user's uploads) and may share a
+-- second one with other claims (pos 2: the installation's cap). A claim is
+-- granted when both have room after the claims before it in the batch:
+-- first the claims of each own scope are ranked, and those within its room
+-- fit; then, of those, the claims of each shared scope are ranked the same
+-- way. This equals judging the claims one after another as long as claims
+-- with the same own scope share the same second scope, which the permit
+-- package makes sure of when it puts claims together. The lowest free
+-- slots of 1..cap are taken with INSERT ... ON CONFLICT DO UPDATE ... WHERE
+-- expired, so a lapsed holder is replaced in place and a live one never is.
+-- A cap lowered below the live slots takes nothing until enough lapse.
+-- Every (claim, scope) comes back with its granted slot (0: none), the
+-- scope's live slots before the batch, its cap, and the milliseconds until
+-- the first of those lapses (0 if none); which scope refused a claim is
+-- told from these and the grants before it, as judging one claim after
+-- another would tell it (the first ranking alone would blame a claim's own
+-- scope for room that claims refused by the shared scope only seemed to
+-- take). Times come from the database
+-- clock, never a replica's.
+WITH want AS (
+    SELECT (@claims::int[])[i] AS claim, (@positions::int[])[i] AS pos,
+           (@scopes::text[])[i] AS scope, (@caps::int[])[i] AS cap
+    FROM generate_subscripts(@scopes::text[], 1) AS i
+),
+live AS (
+    -- = ANY on the primary key: an index scan of the kind's partition
+    -- whatever dead rows the churn of claims and releases has left.
+    SELECT s.scope, array_agg(s.slot) AS slots, min(s.expires_at) AS first_lapse
+    FROM pglimit.slot AS s
+    WHERE s.kind = @kind::text AND s.scope = ANY(@scopes::text[]) AND s.expires_at > now()
+    GROUP BY s.scope
+),
+room AS (
+    SELECT DISTINCT ON (w.scope) w.scope, w.cap, coalesce(l.slots, '{}') AS slots, l.first_lapse,
+           coalesce(cardinality(l.slots), 0) AS live,
+           greatest(w.cap - coalesce(cardinality(l.slots), 0), 0) AS room
+    FROM want AS w
+    LEFT JOIN live AS l ON l.scope = w.scope
+    ORDER BY w.scope
+),
+own AS (
+    SELECT w.claim, row_number() OVER (PARTITION BY w.scope ORDER BY w.claim) <= r.room AS fits
+    FROM want AS w
+    JOIN room AS r ON r.scope = w.scope
+    WHERE w.pos = 1
+),
+shared AS (
+    SELECT w.claim, row_number() OVER (PARTITION BY w.scope ORDER BY w.claim) <= r.room AS fits
+    FROM want AS w
+    JOIN room AS r ON r.scope = w.scope
+    JOIN own AS o ON o.claim = w.claim AND o.fits
+    WHERE w.pos = 2
+),
+takes AS (
+    -- Each granted claim's turn among the granted claims of each scope.
+    SELECT w.claim, w.scope, row_number() OVER (PARTITION BY w.scope ORDER BY w.claim) AS turn
+    FROM want AS w
+    JOIN own AS o ON o.claim = w.claim AND o.fits
+    LEFT JOIN shared AS s ON s.claim = w.claim
+    WHERE coalesce(s.fits, true)
+),
+free AS (
+    -- The lowest free slots of each scope, as many as its turns.
+    SELECT r.scope, f.slot, row_number() OVER (PARTITION BY r.scope ORDER BY f.slot) AS turn
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT g.slot
+        FROM generate_series(1, r.cap) AS g(slot)
+        WHERE g.slot <> ALL (r.slots)
+        ORDER BY g.slot
+        LIMIT (SELECT count(*) FROM takes AS t WHERE t.scope = r.scope)
+    ) AS f
+),
+granted AS (
+    INSERT INTO pglimit.slot AS s (kind, scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+    SELECT @kind::text, t.scope, f.slot, (@lease_ids::text[])[t.claim]::uuid, (@holders::text[])[t.claim],
+           (@endpoints::text[])[t.claim], @replica::text, now(),
+           now() + interval '1 millisecond' * (@lease_ms::bigint[])[t.claim]
+    FROM takes AS t
+    JOIN free AS f ON f.scope = t.scope AND f.turn = t.turn
+    ON CONFLICT (kind, scope, slot) DO UPDATE
+        SET lease_id = excluded.lease_id, holder = excluded.holder,
+            endpoint = excluded.endpoint, replica = excluded.replica,
+            claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+        WHERE s.expires_at <= now()
+    RETURNING s.scope, s.slot, s.lease_id
+)
+SELECT w.claim::int AS claim, w.pos::int AS pos,
+       coalesce(g.slot, 0)::int AS granted_slot,
+       r.live::int AS live, r.cap::int AS cap,
+       coalesce(ceil(extract(epoch FROM r.first_lapse - now()) * 1000), 0)::bigint AS first_lapse_ms
+FROM want AS w
+JOIN room AS r ON r.scope = w.scope
+LEFT JOIN granted AS g ON g.scope = w.scope AND g.lease_id = (@lease_ids::text[])[w.claim]::uuid
+ORDER BY w.claim, w.pos;
+
+-- name: SlotRelease :execrows
+-- Releases every slot of a batch of leases in one statement: one row per
+-- (scope, lease) given back. The lease id makes sure a holder whose slot
+-- lapsed and was claimed again by someone else never deletes the new
+-- holder's row.
+DELETE FROM pglimit.slot AS s
+USING generate_subscripts(@scopes::text[], 1) AS i
+WHERE s.kind = @kind::text
+  AND s.scope = (@scopes::text[])[i]
+  AND s.lease_id = (@lease_ids::text[])[i]::uuid;
+
+-- name: SlotList :many
+-- The live slots of one kind, for operators (GET /api/limits).
+SELECT scope, slot, holder, endpoint, replica, claimed_at, expires_at
+FROM pglimit.slot
+WHERE kind = @kind::text AND expires_at > now()
+ORDER BY scope, slot;
+
+-- name: SlotDeleteLapsed :many
+-- Housekeeping: deletes at most @batch lapsed slots of every kind at once
+-- and counts them by kind (the kind is its partition's name). SKIP LOCKED
+-- leaves rows a claimer is replacing right now to that claimer.
+WITH gone AS (
+    DELETE FROM pglimit.slot
+    WHERE (kind, scope, slot) IN (
+        SELECT kind, scope, slot FROM pglimit.slot
+        WHERE expires_at <= now()
+        ORDER BY expires_at
+        LIMIT @batch::int
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING kind
+)
+SELECT kind, count(*)::bigint AS deleted
+FROM gone
+GROUP BY kind
+ORDER BY kind;
