@@ -86,9 +86,10 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 		return err
 	}
 	// The transaction only read: what fn read stands whatever its end
-	// says. A stream stopped by its time bound handled the canceled
-	// statement, so the aborted transaction rolls back (or its connection
-	// is gone), which loses nothing.
+	// says. A stream stopped by its time bound, or stopped early by Stream
+	// (its row cap), ended in a canceled statement, so the aborted
+	// transaction rolls back (or its connection is gone), which loses
+	// nothing.
 	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = tx.Commit(end)

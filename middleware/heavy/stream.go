@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,9 +43,20 @@ func (m Mark) String() string {
 
 // Stream hands rows to write until they end, the row cap of ctx's heavy
 // request is reached, or its time bound stops the query, and says which in
-// the Mark. Query one row more than the cap (LIMIT cap + 1): Stream stops at
-// the cap and reports ROWS only when a row beyond it exists. Stream closes
-// rows. An error other than the time bound (the client went away, the
+// the Mark. Query one row more than the cap (LIMIT cap + 1) where the query
+// allows it: Stream stops at the cap and reports ROWS only when a row beyond
+// it exists. Stream closes rows.
+//
+// When Stream stops before the rows end (the row cap, or write returned an
+// error) it stops the statement in the database: it sends a cancel request
+// for the statement and reads what the server had already sent, so the
+// database stops producing rows nobody reads and the connection is free at
+// once (pgx's Rows.Close alone would read the result to its end). The
+// transaction the statement ran in is then aborted: it only read, so what
+// was read stands; Read rolls it back.
+//
+// An error of write is returned as it is, with the Mark of what was
+// written. Any other error than the time bound (the client went away, the
 // database failed) is returned with the Mark of what was written.
 func Stream(ctx context.Context, rows pgx.Rows, write func(pgx.Rows) error) (Mark, error) {
 	defer rows.Close()
@@ -53,9 +65,11 @@ func Stream(ctx context.Context, rows pgx.Rows, write func(pgx.Rows) error) (Mar
 	for rows.Next() {
 		if b.Rows > 0 && m.Rows >= b.Rows {
 			m.Bound, m.Limit = BoundRows, fmt.Sprint(b.Rows)
+			stopStatement(ctx, rows)
 			return m, nil
 		}
 		if err := write(rows); err != nil {
+			stopStatement(ctx, rows)
 			return m, err
 		}
 		m.Rows++
@@ -69,4 +83,27 @@ func Stream(ctx context.Context, rows pgx.Rows, write func(pgx.Rows) error) (Mar
 		return m, err
 	}
 	return m, nil
+}
+
+// cancelTimeout bounds the cancel request of a statement Stream stops.
+const cancelTimeout = 2 * time.Second
+
+// stopStatement stops the statement rows reads, before the result ends: a
+// cancel request on a connection of its own (the server stops the statement
+// at its next interrupt check and answers 57014), then Close reads what was
+// already on its way. A cancel that arrives after the statement ended finds
+// the session idle, waiting for its next command, and the server ignores it
+// there; the next command is sent only after Close returns. If the cancel
+// request cannot be sent (the database does not answer), Close reads on
+// under ctx's deadline, as it would have without it.
+func stopStatement(ctx context.Context, rows pgx.Rows) {
+	conn := rows.Conn()
+	if conn == nil || conn.PgConn() == nil {
+		rows.Close()
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelTimeout)
+	defer cancel()
+	_ = conn.PgConn().CancelRequest(cctx)
+	rows.Close()
 }

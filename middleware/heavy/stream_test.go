@@ -3,6 +3,7 @@ package heavy_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -128,5 +129,83 @@ func TestReadOutsideHeavyRequest(t *testing.T) {
 	})
 	if err == nil {
 		t.Fatal("Read ran a write: its transaction is not read-only")
+	}
+}
+
+// TestStreamStopsTheStatement stops a stream that would produce rows until
+// its 30 s time bound, by the row cap and by an error of write: Stream
+// returns well inside the bound, the statement is gone from
+// pg_stat_activity when it returns, and the connection is kept (the same
+// backend serves the next statement) rather than closed.
+func TestStreamStopsTheStatement(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.Pool(t, url, 1)
+	obs := pgtest.Pool(t, url, 1)
+	errWrite := errors.New("the client went away")
+	for _, tc := range []struct {
+		name     string
+		rows     int
+		failAt   int
+		wantErr  error
+		wantMark heavy.Mark
+	}{
+		{"row cap", 10, 0, nil, heavy.Mark{Rows: 10, Bound: heavy.BoundRows, Limit: "10"}},
+		{"write fails", 1000, 5, errWrite, heavy.Mark{Rows: 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			marker := "stream-stop-" + strings.ReplaceAll(tc.name, " ", "-")
+			var before, after int
+			if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := heavy.NewContext(context.Background(), heavy.Bounds{Endpoint: "e", Time: 30 * time.Second, Rows: tc.rows})
+			defer cancel()
+			start := time.Now()
+			var mark heavy.Mark
+			err := heavy.Read(ctx, pool, func(tx pgx.Tx) error {
+				// generate_series in the select list streams its rows: the
+				// statement runs until it is stopped.
+				rows, err := tx.Query(ctx, `SELECT generate_series(1, 2000000000), '`+marker+`'`)
+				if err != nil {
+					return err
+				}
+				var err2 error
+				mark, err2 = heavy.Stream(ctx, rows, func(rows pgx.Rows) error {
+					if tc.failAt > 0 && mark.Rows >= tc.failAt {
+						return errWrite
+					}
+					mark.Rows++
+					return nil
+				})
+				return err2
+			})
+			took := time.Since(start)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Read: %v, want %v", err, tc.wantErr)
+			}
+			if mark != tc.wantMark {
+				t.Fatalf("mark %+v, want %+v", mark, tc.wantMark)
+			}
+			// A behavioural bound, not a speed claim: the statement is
+			// stopped, not read to its time bound.
+			if took > 5*time.Second {
+				t.Errorf("Stream returned after %v; its time bound is 30s", took)
+			}
+			var active int
+			if err := obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&active); err != nil {
+				t.Fatal(err)
+			}
+			if active != 0 {
+				t.Errorf("the statement still runs after Stream returned")
+			}
+			if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if after != before {
+				t.Errorf("the connection was replaced (backend %d, then %d): a stopped stream should keep it", before, after)
+			}
+		})
 	}
 }

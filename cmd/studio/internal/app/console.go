@@ -28,6 +28,9 @@ const (
 	maxResponseBytes = 8 << 20  // past this the result stops, as at the row cap
 )
 
+// errResponseFull stops a console result at maxResponseBytes.
+var errResponseFull = errors.New("console: the response reached its size cap")
+
 type consoleRequest struct {
 	SQL string `json:"sql"`
 }
@@ -95,11 +98,7 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		for _, f := range rows.FieldDescriptions() {
 			resp.Columns = append(resp.Columns, f.Name)
 		}
-		full := false
 		mark, err = heavy.Stream(r.Context(), rows, func(rows pgx.Rows) error {
-			if full {
-				return nil
-			}
 			vals, err := rows.Values()
 			if err != nil {
 				return err
@@ -111,12 +110,14 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 			}
 			resp.Rows = append(resp.Rows, row)
 			if bytes > maxResponseBytes {
-				full = true
+				return errResponseFull
 			}
 			return nil
 		})
-		if err == nil && full {
-			mark.Bound = heavy.BoundRows
+		if errors.Is(err, errResponseFull) {
+			// Stream stopped the statement in the database, as at the
+			// row cap.
+			mark.Bound, err = heavy.BoundRows, nil
 		}
 		return err
 	})
