@@ -89,7 +89,7 @@ func TestFlags(t *testing.T) {
 	for _, name := range []string{
 		"-addr", "-database-url", "-read-replica-url", "-replica-name", "-demo", "-pool-max-conns",
 		"-sql-console-cap", "-sql-console-time", "-sql-console-rows", "-export-cap", "-export-time", "-export-rows",
-		"-history-time", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-node", "-node-rate",
+		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-node", "-node-rate",
 	} {
 		if !strings.Contains(string(out), "  "+name+" ") && !strings.Contains(string(out), "  "+name+"\n") {
 			t.Errorf("-h does not list %s", name)
@@ -103,6 +103,8 @@ func TestFlags(t *testing.T) {
 		{"-node", "a=ftp://x"},
 		{"-node", "a=http://x", "-node", "a=http://y"},
 		{"-node-rate", "0"},
+		{"-history-rows", "199"},
+		{"-flow-rows", "0"},
 		{"-pool-max-conns", "zero"},
 		{"extra-argument"},
 	} {

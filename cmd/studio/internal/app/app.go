@@ -261,10 +261,10 @@ func (a *App) setupLimits() error {
 	a.endpoints = endpoints{
 		sqlConsole: heavy.Endpoint{Name: "sql-console", PerUser: cfg.SQLConsoleCap, Time: cfg.SQLConsoleTime, Rows: cfg.SQLConsoleRows},
 		export:     heavy.Endpoint{Name: "audit-export", PerUser: cfg.ExportCap, Time: cfg.ExportTime, Rows: cfg.ExportRows},
-		audit:      heavy.Endpoint{Name: "audit-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
-		events:     heavy.Endpoint{Name: "event-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
-		alerts:     heavy.Endpoint{Name: "alert-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime},
-		flow:       heavy.Endpoint{Name: "flow-graph", PerUser: cfg.FlowCap, Time: cfg.FlowTime},
+		audit:      heavy.Endpoint{Name: "audit-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
+		events:     heavy.Endpoint{Name: "event-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
+		alerts:     heavy.Endpoint{Name: "alert-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
+		flow:       heavy.Endpoint{Name: "flow-graph", PerUser: cfg.FlowCap, Time: cfg.FlowTime, Rows: cfg.FlowRows},
 	}
 	var codec *cursor.Codec
 	if cfg.CursorKey != "" {
@@ -279,7 +279,10 @@ func (a *App) setupLimits() error {
 		a.log.Warn("no -cursor-key: paging cursors are signed with a random key of this process; replicas must share one -cursor-key (or CURSOR_KEY), or a cursor from one is refused by another")
 	}
 	var err error
-	if a.pager, err = cursor.NewPager(codec, cursor.Rules{}); err != nil {
+	// The history row cap is how far page numbers reach and how far the
+	// total counts: a history read reads at most that many rows for its
+	// page and as many for its total.
+	if a.pager, err = cursor.NewPager(codec, cursor.Rules{Limit: cfg.HistoryRows}); err != nil {
 		return err
 	}
 	a.heavy, err = heavy.New(a.primary, heavy.Options{

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -37,8 +38,10 @@ type Config struct {
 	ExportRows     int
 	HistoryCap     int
 	HistoryTime    time.Duration
+	HistoryRows    int
 	FlowCap        int
 	FlowTime       time.Duration
+	FlowRows       int
 
 	SignInFailures int
 	SignInWindow   time.Duration
@@ -114,8 +117,10 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.ExportRows, "export-rows", 100000, "audit export row cap")
 	fs.IntVar(&c.HistoryCap, "history-cap", 4, "history reads per user at once, per history endpoint")
 	fs.DurationVar(&c.HistoryTime, "history-time", 10*time.Second, "time bound of history reads")
+	fs.IntVar(&c.HistoryRows, "history-rows", cursor.DefaultLimit, "row cap of history reads: page numbers reach this many rows and the total counts at most this many (at least the largest page, 200)")
 	fs.IntVar(&c.FlowCap, "flow-cap", 2, "flow graph reads per user at once")
 	fs.DurationVar(&c.FlowTime, "flow-time", 10*time.Second, "flow graph time bound")
+	fs.IntVar(&c.FlowRows, "flow-rows", 1000, "flow graph row cap: the busiest this many address pairs (edges) are answered")
 
 	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username per window")
 	fs.DurationVar(&c.SignInWindow, "sign-in-window", 15*time.Minute, "sign-in throttle window")
@@ -181,6 +186,10 @@ func (c *Config) Validate() error {
 	positive("export-rows", c.ExportRows)
 	positive("history-cap", c.HistoryCap)
 	positive("flow-cap", c.FlowCap)
+	positive("flow-rows", c.FlowRows)
+	if c.HistoryRows < cursor.DefaultMaxSize {
+		errs = append(errs, fmt.Errorf("-history-rows must be at least %d, the largest page", cursor.DefaultMaxSize))
+	}
 	positive("sign-in-failures", c.SignInFailures)
 	positive("uploads-per-hour", c.UploadsPerHour)
 	positive("token-in-flight", c.TokenInFlight)

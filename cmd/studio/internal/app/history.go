@@ -16,13 +16,16 @@ import (
 // historyPage is the answer of GET /api/audit, /api/events and
 // /api/alerts: items newest first; total (page mode only; totalCapped when
 // there are more rows than page numbers reach); next, the cursor to pass as
-// after (null on the last page); mayLag when the read replica served it.
+// after (null on the last page); mayLag when the read replica served it;
+// bound, as the console's, "ROWS" when the row cap (-history-rows) stopped
+// the total, else null (a read stopped by its time bound has no page: 503).
 type historyPage[T any] struct {
 	Items       []T     `json:"items"`
 	Total       *int64  `json:"total,omitempty"`
 	TotalCapped bool    `json:"totalCapped,omitempty"`
 	Next        *string `json:"next"`
 	MayLag      bool    `json:"mayLag"`
+	Bound       *string `json:"bound"`
 }
 
 // history reads one history table. page reads page mode (LIMIT, OFFSET),
@@ -81,7 +84,9 @@ func (h history[T]) handler(a *App) http.HandlerFunc {
 }
 
 // read runs the page's statements in one bounded, read-only transaction on
-// the pool read routing chose.
+// the pool read routing chose. The row cap bounds both: page numbers reach
+// no further than it (the pager refuses a deeper page), and the total
+// counts at most one row past it.
 func (h history[T]) read(ctx context.Context, a *App, q historyQuery) (historyPage[T], error) {
 	var (
 		items []T
@@ -109,6 +114,10 @@ func (h history[T]) read(ctx context.Context, a *App, q historyQuery) (historyPa
 	if !q.page.Keyset() {
 		t, capped := a.pager.Total(int64(total))
 		resp.Total, resp.TotalCapped = &t, capped
+		if capped {
+			bound := heavy.BoundRows
+			resp.Bound = &bound
+		}
 	}
 	if len(items) > 0 {
 		if next := a.pager.Next(q.binding, q.page, len(items), h.pos(items[len(items)-1])); next != "" {

@@ -15,12 +15,14 @@ SELECT source_address, target_address, sum(messages)::bigint AS messages
 FROM message_flow
 WHERE occurred_at >= $1::timestamptz AND occurred_at < $2::timestamptz
 GROUP BY source_address, target_address
-ORDER BY source_address, target_address
+ORDER BY messages DESC, source_address, target_address
+LIMIT $3::int
 `
 
 type MessageFlowGraphParams struct {
 	Since time.Time
 	Until time.Time
+	Cap   int32
 }
 
 type MessageFlowGraphRow struct {
@@ -29,9 +31,11 @@ type MessageFlowGraphRow struct {
 	Messages      int64
 }
 
-// The flow graph: messages summed per (source, target) address pair.
+// The flow graph: messages summed per (source, target) address pair, the
+// busiest pairs first, at most @cap of them (the caller asks one more than
+// its row cap, to know whether the graph was cut).
 func (q *Queries) MessageFlowGraph(ctx context.Context, db DBTX, arg *MessageFlowGraphParams) ([]*MessageFlowGraphRow, error) {
-	rows, err := db.Query(ctx, MessageFlowGraph, arg.Since, arg.Until)
+	rows, err := db.Query(ctx, MessageFlowGraph, arg.Since, arg.Until, arg.Cap)
 	if err != nil {
 		return nil, err
 	}
