@@ -136,8 +136,12 @@ func Write(w http.ResponseWriter, d *Details) {
 }
 
 // Internal logs err with the request and sends a 500 whose body says only
-// that the server failed: the error's text never reaches the client.
+// that the server failed: the error's text never reaches the client. A
+// request whose client went away gets nothing.
 func Internal(w http.ResponseWriter, r *http.Request, err error) {
+	if canceled(r, err) {
+		return
+	}
 	slog.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 	Write(w, &Details{
 		Slug:   "internal-error",
@@ -148,8 +152,12 @@ func Internal(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // Unavailable sends a 503 with the given slug, title and detail and a short
-// Retry-After: the database could not be reached, which passes.
+// Retry-After: the database could not be reached, which passes. A request
+// whose client went away gets nothing.
 func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, err error) {
+	if canceled(r, err) {
+		return
+	}
 	slog.WarnContext(r.Context(), "database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 	Write(w, &Details{
 		Slug:       slug,
@@ -160,10 +168,23 @@ func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, er
 	})
 }
 
+// canceled reports whether err failed r because its client went away (r's
+// context was canceled), and then logs it at debug level: a canceled
+// request is not a server error, and no answer can reach anyone. The
+// caller writes nothing.
+func canceled(r *http.Request, err error) bool {
+	if !dberr.IsCanceled(r.Context(), err) {
+		return false
+	}
+	slog.DebugContext(r.Context(), "request canceled: the client went away", "method", r.Method, "path", r.URL.Path, "err", err)
+	return true
+}
+
 // Database answers a failed database call: 503 database-unavailable, with
 // Retry-After, when PostgreSQL cannot be reached or did not answer in time
-// (dberr decides), else a 500 without the error's text. Every middleware
-// and handler answers database failures through it.
+// (dberr decides), else a 500 without the error's text; nothing when the
+// client went away. Every middleware and handler answers
+// database failures through it.
 func Database(w http.ResponseWriter, r *http.Request, err error) {
 	if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
 		Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)

@@ -1,8 +1,10 @@
 package problem
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -84,5 +86,49 @@ func TestDatabaseNeverLeaksErrorText(t *testing.T) {
 		if strings.Contains(rec.Body.String(), "secret") {
 			t.Errorf("%v: the body carries the error's text: %s", tc.err, rec.Body.String())
 		}
+	}
+}
+
+// silentWriter fails the test when anything is written.
+type silentWriter struct {
+	t      *testing.T
+	header http.Header
+}
+
+func (w *silentWriter) Header() http.Header { return w.header }
+func (w *silentWriter) Write(b []byte) (int, error) {
+	w.t.Errorf("wrote %q to a client that went away", b)
+	return len(b), nil
+}
+func (w *silentWriter) WriteHeader(code int) {
+	w.t.Errorf("wrote status %d to a client that went away", code)
+}
+
+// TestCanceledRequestIsNotAServerError: a request whose client went away
+// (its context canceled) is answered with nothing by Database, Internal and
+// Unavailable, whatever the error says; a request whose context only
+// reached its deadline still gets its 503.
+func TestCanceledRequestIsNotAServerError(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	gone := httptest.NewRequest(http.MethodGet, "/x", nil).WithContext(ctx)
+	for _, err := range []error{
+		context.Canceled,
+		fmt.Errorf("signin: read throttle: %w", context.Canceled),
+		errors.New("conn closed"),
+		&pgconn.PgError{Code: "23505", Message: "duplicate"},
+	} {
+		w := &silentWriter{t: t, header: http.Header{}}
+		Database(w, gone, err)
+		Internal(w, gone, err)
+		Unavailable(w, gone, "sign-in-unavailable", "x", err)
+	}
+	dctx, dcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer dcancel()
+	rec := httptest.NewRecorder()
+	Database(rec, httptest.NewRequest(http.MethodGet, "/x", nil).WithContext(dctx), context.DeadlineExceeded)
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("a request at its deadline: %d, want 503", rec.Code)
 	}
 }

@@ -27,6 +27,16 @@ func IsTimeout(err error) bool {
 	return errors.As(err, &pg) && pg.Code == QueryCanceled
 }
 
+// IsCanceled reports whether err ended work whose caller went away: ctx
+// (the caller's own, e.g. a request's) was canceled. Whatever err says
+// then — context canceled, a connection pgx closed to interrupt its
+// statement, a claim abandoned — it is neither the database's failure nor
+// the server's, and nobody is left to answer. A context that reached its
+// deadline is not canceled: that is a timeout.
+func IsCanceled(ctx context.Context, err error) bool {
+	return err != nil && errors.Is(ctx.Err(), context.Canceled)
+}
+
 // RecoveryConflict is SQLSTATE 40001 as a hot standby sends it when it
 // cancels a read that conflicts with the WAL it replays.
 const RecoveryConflict = "40001"

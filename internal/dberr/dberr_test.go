@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -46,5 +47,31 @@ func TestClassification(t *testing.T) {
 				t.Errorf("IsRecoveryConflict = %v", got)
 			}
 		})
+	}
+}
+
+// TestIsCanceled: work fails as canceled only when its caller's context was
+// canceled, whatever the error; a deadline is a timeout, not a cancel.
+func TestIsCanceled(t *testing.T) {
+	t.Parallel()
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	late, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"canceled, context error", canceled, context.Canceled, true},
+		{"canceled, connection closed by pgx", canceled, errors.New("conn closed"), true},
+		{"canceled, no error", canceled, nil, false},
+		{"live context, canceled error", context.Background(), context.Canceled, false},
+		{"deadline", late, context.DeadlineExceeded, false},
+	} {
+		if got := IsCanceled(tc.ctx, tc.err); got != tc.want {
+			t.Errorf("%s: IsCanceled = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
