@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/middleware/heavy"
@@ -107,8 +108,9 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	if s.signin, err = signin.New(pool, signin.Options{Logger: quiet}); err != nil {
 		return nil, err
 	}
-	// Failures never reach the limit: every attempt is recorded.
-	if s.failure, err = signin.New(pool, signin.Options{MaxFailures: 1 << 20, Logger: quiet}); err != nil {
+	// Failures never reach the limit (the path moves to a new key every
+	// failuresPerKey): every attempt is recorded.
+	if s.failure, err = signin.New(pool, signin.Options{MaxFailures: pglimit.MaxLimit, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	if s.upload, err = upload.New(pool, upload.Options{
@@ -173,6 +175,12 @@ func (s *Suite) Baselines() []Path {
 	return ps
 }
 
+// failuresPerKey is how many failures the failure path records under one
+// key before it moves to the next, below the cap (pglimit.MaxLimit) so
+// that none is refused: a key's first failure inserts its row, the others
+// update it, as a real key's do.
+const failuresPerKey = 1000
+
 // Limits are pglimit's limit paths, each through its package's public API.
 func (s *Suite) Limits() []Path {
 	user := func(w int) string { return "bench-" + s.run + "-" + strconv.Itoa(w) }
@@ -201,8 +209,10 @@ func (s *Suite) Limits() []Path {
 			}},
 		{Name: "failure record", Kind: Limit, What: "a failed sign-in: signin.Limiter.Check + Attempt.RecordFailure (a read, then an upsert in its own transaction)",
 			New: func(w int) (Op, error) {
-				key := "username:fail-" + user(w)
+				n := 0
 				return func(ctx context.Context) error {
+					key := "username:fail-" + user(w) + "-" + strconv.Itoa(n/failuresPerKey)
+					n++
 					a, err := s.failure.Check(ctx, key)
 					if err != nil {
 						return err

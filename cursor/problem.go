@@ -16,11 +16,12 @@ const (
 
 // WriteError answers a request Parse refused: 400 invalid-page,
 // page-too-deep or invalid-cursor, the same body on every endpoint. An
-// error that is not a *Error is a server error (500, no internal text).
+// error that is not a *Error is a server error (500, no internal text);
+// log it yourself, WriteError logs nothing.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
-		problem.Internal(w, r, err)
+		problem.Internal(w, r)
 		return
 	}
 	switch e.Kind {

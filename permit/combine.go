@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/dberr"
 )
 
 // op is one claim or one release waiting for, or travelling in, a batch.
@@ -174,7 +175,7 @@ func (l *Leaser) take() []*op {
 // in one pgx Batch (one round trip, one implicit transaction), and hands
 // every op its outcome.
 func (l *Leaser) send(ops []*op) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	ctx, cancel := dberr.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
 
 	var (
@@ -228,6 +229,10 @@ func (l *Leaser) send(ops []*op) {
 	if err == nil && len(claims) > 0 {
 		err = l.judge(claims, rows)
 	}
+	// The round trip's bound is the Leaser's Timeout, never a caller's
+	// context: when it ends the batch, the database did not answer in time
+	// (pglimit.Classify: unavailable).
+	err = dberr.OwnTimeout(ctx, err)
 	var giveBack []*op
 	for _, o := range ops {
 		if err != nil {

@@ -44,6 +44,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/procname"
 )
@@ -62,9 +63,9 @@ const (
 	UploadWindow Kind = "upload_window"
 )
 
-// MaxCap is the largest cap a scope may have, in this package and in every
-// middleware built on it.
-const MaxCap = 10000
+// MaxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
+// of every cap in every package.
+const MaxCap = pglimit.MaxLimit
 
 // Defaults of Options.
 const (

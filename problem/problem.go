@@ -7,20 +7,22 @@
 // slug, so clients can match on the part after the last ':' or '/'.
 // Extension members are written at the top level of the JSON object, as the
 // RFC asks. Internal error text is never part of a body: a server error is
-// written with Internal, which logs the error and sends a generic detail.
+// written with Internal, which sends a generic detail.
+//
+// The package only writes: it classifies no error and logs nothing. Each
+// middleware's WriteError decides which problem an error is (with
+// pglimit.Classify for database errors) and logs through the Logger its
+// caller configured.
 package problem
 
 import (
 	"bytes"
 	"encoding/json"
-	"log/slog"
 	"math"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/pglimit/pglimit/internal/dberr"
 )
 
 // TypeBase prefixes every problem type slug to make the type URI.
@@ -135,14 +137,10 @@ func Write(w http.ResponseWriter, d *Details) {
 	_, _ = w.Write([]byte("\n"))
 }
 
-// Internal logs err with the request and sends a 500 whose body says only
-// that the server failed: the error's text never reaches the client. A
-// request whose client went away gets nothing.
-func Internal(w http.ResponseWriter, r *http.Request, err error) {
-	if canceled(r, err) {
-		return
-	}
-	slog.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+// Internal sends a 500 whose body says only that the server failed. It
+// never carries the error's text; log the error yourself, through your
+// logger, before calling it.
+func Internal(w http.ResponseWriter, _ *http.Request) {
 	Write(w, &Details{
 		Slug:   "internal-error",
 		Title:  "Internal server error",
@@ -151,14 +149,9 @@ func Internal(w http.ResponseWriter, r *http.Request, err error) {
 	})
 }
 
-// Unavailable sends a 503 with the given slug, title and detail and a short
-// Retry-After: the database could not be reached, which passes. A request
-// whose client went away gets nothing.
-func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, err error) {
-	if canceled(r, err) {
-		return
-	}
-	slog.WarnContext(r.Context(), "database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+// Unavailable sends a 503 with the given slug and detail and a Retry-After
+// of 5 seconds: the database could not be reached, which passes.
+func Unavailable(w http.ResponseWriter, _ *http.Request, slug, detail string) {
 	Write(w, &Details{
 		Slug:       slug,
 		Title:      "Service unavailable",
@@ -166,31 +159,6 @@ func Unavailable(w http.ResponseWriter, r *http.Request, slug, detail string, er
 		Detail:     detail,
 		RetryAfter: 5 * time.Second,
 	})
-}
-
-// canceled reports whether err failed r because its client went away (r's
-// context was canceled), and then logs it at debug level: a canceled
-// request is not a server error, and no answer can reach anyone. The
-// caller writes nothing.
-func canceled(r *http.Request, err error) bool {
-	if !dberr.IsCanceled(r.Context(), err) {
-		return false
-	}
-	slog.DebugContext(r.Context(), "request canceled: the client went away", "method", r.Method, "path", r.URL.Path, "err", err)
-	return true
-}
-
-// Database answers a failed database call: 503 database-unavailable, with
-// Retry-After, when PostgreSQL cannot be reached or did not answer in time
-// (dberr decides), else a 500 without the error's text; nothing when the
-// client went away. Every middleware and handler answers
-// database failures through it.
-func Database(w http.ResponseWriter, r *http.Request, err error) {
-	if dberr.IsUnavailable(err) || dberr.IsTimeout(err) {
-		Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.", err)
-		return
-	}
-	Internal(w, r, err)
 }
 
 // BadRequest sends a 400 with the given slug, title and detail.

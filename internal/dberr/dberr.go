@@ -1,7 +1,7 @@
-// Package dberr classifies database errors in one place, so that every
-// middleware answers the same way: a database that cannot be reached is a
-// 503, a statement stopped by its time bound is a timeout, anything else is
-// an internal error whose text stays in the log.
+// Package dberr holds the predicates behind pglimit.Classify, the one
+// public place database errors are classified: a database that cannot be
+// reached, a statement stopped by its time bound, a read replica's
+// recovery conflict, a limiter's own Timeout.
 package dberr
 
 import (
@@ -54,6 +54,9 @@ func IsRecoveryConflict(err error) bool {
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
+	}
+	if IsOwnTimeout(err) {
+		return true
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

@@ -75,3 +75,35 @@ func TestIsCanceled(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnTimeout: an error is marked as the limiter's own Timeout only
+// when that bound, not an earlier deadline of the caller, ended the
+// context.
+func TestOwnTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
+	err := OwnTimeout(ctx, fmt.Errorf("claim: %w", ctx.Err()))
+	if !IsOwnTimeout(err) || !IsUnavailable(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("own bound: %v (own %v, unavailable %v)", err, IsOwnTimeout(err), IsUnavailable(err))
+	}
+
+	caller, cancelCaller := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancelCaller()
+	ctx, cancel = WithTimeout(caller, time.Hour)
+	defer cancel()
+	<-ctx.Done()
+	if err := OwnTimeout(ctx, ctx.Err()); IsOwnTimeout(err) {
+		t.Errorf("the caller's deadline was taken for the limiter's own: %v", err)
+	}
+
+	ctx, cancel = WithTimeout(context.Background(), time.Hour)
+	cancel()
+	if err := OwnTimeout(ctx, ctx.Err()); IsOwnTimeout(err) {
+		t.Errorf("a cancel was taken for the limiter's own bound: %v", err)
+	}
+	if OwnTimeout(ctx, nil) != nil {
+		t.Error("OwnTimeout(nil) is not nil")
+	}
+}

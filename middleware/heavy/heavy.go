@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -153,9 +155,6 @@ const InstallationScope = "installation"
 // UserScope is the scope key of user's permits on endpoint.
 func UserScope(endpoint, user string) string { return permit.ScopeKey("user", endpoint, user) }
 
-// ErrLimited is matched (errors.Is) by every *LimitError.
-var ErrLimited = errors.New("heavy: limit reached")
-
 // LimitError is a refused heavy request.
 type LimitError struct {
 	// Endpoint is the endpoint's name.
@@ -173,8 +172,8 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("heavy: %s: %s limit of %d reached", e.Endpoint, e.Scope, e.Limit)
 }
 
-// Is reports whether target is ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == ErrLimited }
+// Is reports whether target is pglimit.ErrLimited.
+func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
 // Permit is a granted heavy request.
 type Permit struct {
@@ -248,7 +247,8 @@ func (l *Limiter) Handler(ep Endpoint, next http.Handler) http.Handler {
 			if errors.As(err, &le) {
 				l.onRefused(w, r, le)
 			} else {
-				problem.Database(w, r, err)
+				respond.Log(r.Context(), l.log, "heavy: claim failed", err, "endpoint", ep.Name)
+				respond.Database(w, r, err)
 			}
 			return
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
@@ -453,7 +454,7 @@ func TestAcquireOutsideHTTP(t *testing.T) {
 	}
 	_, err = l.Acquire(ctx, ep, "job")
 	var le *heavy.LimitError
-	if !errors.As(err, &le) || le.Scope != heavy.ScopeUser || le.Limit != 1 || !errors.Is(err, heavy.ErrLimited) {
+	if !errors.As(err, &le) || le.Scope != heavy.ScopeUser || le.Limit != 1 || !errors.Is(err, pglimit.ErrLimited) {
 		t.Fatalf("second acquire: %v", err)
 	}
 	if err := p.Release(ctx); err != nil {
@@ -491,7 +492,7 @@ func TestBadEndpointsAndOptions(t *testing.T) {
 		"negative rows": {Name: "x", Rows: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := l.Acquire(context.Background(), ep, "u"); err == nil || errors.Is(err, heavy.ErrLimited) {
+			if _, err := l.Acquire(context.Background(), ep, "u"); err == nil || errors.Is(err, pglimit.ErrLimited) {
 				t.Errorf("Acquire(%+v) = %v, want a validation error", ep, err)
 			}
 			defer func() {

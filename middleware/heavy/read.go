@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -116,9 +117,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 				"limit":    FormatLimit(te.Limit),
 			},
 		})
-	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
-		// The client is gone; nobody reads an answer.
 	default:
-		problem.Database(w, r, err)
+		respond.Database(w, r, err)
 	}
 }

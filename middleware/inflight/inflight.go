@@ -32,6 +32,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -100,8 +102,8 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if opts.Limit == 0 {
 		opts.Limit = DefaultLimit
 	}
-	if opts.Limit > 10000 {
-		return nil, errors.New("inflight: Limit above 10000")
+	if opts.Limit > pglimit.MaxLimit {
+		return nil, fmt.Errorf("inflight: Limit %d above pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.MaxDuration == 0 {
 		opts.MaxDuration = DefaultMaxDuration
@@ -141,9 +143,6 @@ func TokenKey(raw string) string {
 	return "sha256:" + hex.EncodeToString(sum[:16])
 }
 
-// ErrLimited is matched (errors.Is) by every *LimitError.
-var ErrLimited = errors.New("inflight: limit reached")
-
 // LimitError is a refused request.
 type LimitError struct {
 	// Limit is the number of requests a token may have in flight.
@@ -158,8 +157,8 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("inflight: %d requests in flight already; retry in %v", e.Limit, e.RetryAfter)
 }
 
-// Is reports whether target is ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == ErrLimited }
+// Is reports whether target is pglimit.ErrLimited.
+func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
 // Permit is one request in flight.
 type Permit struct {
@@ -212,7 +211,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			if errors.As(err, &le) {
 				l.onRefused(w, r, le)
 			} else {
-				problem.Database(w, r, err)
+				respond.Log(r.Context(), l.log, "inflight: claim failed", err)
+				respond.Database(w, r, err)
 			}
 			return
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
@@ -426,7 +427,7 @@ func TestAcquireAPI(t *testing.T) {
 	}
 	_, err = l.Acquire(ctx, "job-runner", "nightly")
 	var le *inflight.LimitError
-	if !errors.Is(err, inflight.ErrLimited) || !errors.As(err, &le) {
+	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 		t.Fatalf("second acquire: %v", err)
 	}
 	if le.Limit != 1 || le.RetryAfter < 9*time.Second || le.RetryAfter > 10*time.Second {

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/text/cases"
 	"golang.org/x/text/unicode/norm"
 
-	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -45,10 +45,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			switch {
 			case errors.As(err, &le):
 				l.onRefused(w, r, le)
-			case dberr.IsUnavailable(err) || dberr.IsTimeout(err):
-				writeUnavailable(w, r, err)
 			default:
-				problem.Internal(w, r, err)
+				respond.Log(r.Context(), l.log, "signin: check failed", err)
+				writeUnavailable(w, r, err)
 			}
 			return
 		}
@@ -109,7 +108,8 @@ func (w *outcomeWriter) WriteHeader(code int) {
 			for k := range h {
 				delete(h, k)
 			}
-			writeUnavailable(w.ResponseWriter, w.r, err)
+			w.l.log.WarnContext(ctx, "signin: recording a failed sign-in failed; answering 503", "err", err)
+			problem.Unavailable(w.ResponseWriter, w.r, SlugUnavailable, detailUnavailable)
 			return
 		}
 	case code >= 200 && code < 300:

@@ -76,7 +76,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -168,8 +170,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.MaxFailures == 0 {
 		opts.MaxFailures = DefaultMaxFailures
 	}
-	if opts.MaxFailures > 1<<20 {
-		return nil, errors.New("signin: MaxFailures too large")
+	if opts.MaxFailures > pglimit.MaxLimit {
+		return nil, fmt.Errorf("signin: MaxFailures %d above pglimit.MaxLimit (%d)", opts.MaxFailures, pglimit.MaxLimit)
 	}
 	if opts.Window == 0 {
 		opts.Window = DefaultWindow
@@ -204,9 +206,6 @@ func (l *Limiter) Window() time.Duration { return l.window }
 // Strict reports whether attempts are reserved before they are evaluated.
 func (l *Limiter) Strict() bool { return l.strict }
 
-// ErrThrottled is matched (errors.Is) by every *LimitError.
-var ErrThrottled = errors.New("signin: too many failed sign-ins")
-
 // ErrNoAttempt is returned by Failed, Succeeded and Abandoned when the
 // context carries no attempt (the handler is not wrapped by Handler).
 var ErrNoAttempt = errors.New("signin: no sign-in attempt in context")
@@ -230,8 +229,8 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("signin: %d failed sign-ins (limit %d); retry in %v", e.Failures, e.Limit, e.RetryAfter)
 }
 
-// Is reports whether target is ErrThrottled.
-func (e *LimitError) Is(target error) bool { return target == ErrThrottled }
+// Is reports whether target is pglimit.ErrLimited.
+func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
 type outcome int
 
@@ -280,7 +279,7 @@ func containsNUL(s string) bool {
 }
 
 // Check begins a sign-in attempt of key for callers that are not HTTP
-// handlers. It returns a *LimitError (errors.Is ErrThrottled) when the key
+// handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when the key
 // is throttled; then the password must not be checked. Any other error is
 // the database's, and the sign-in must fail (closed): dberr.IsUnavailable
 // tells a database that cannot be reached. In normal mode Check is the one
@@ -514,7 +513,9 @@ func WriteRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 	})
 }
 
+// detailUnavailable is the detail of a 503 sign-in-unavailable.
+const detailUnavailable = "Sign-in is unavailable: the failed sign-in throttle cannot be reached. Try again shortly."
+
 func writeUnavailable(w http.ResponseWriter, r *http.Request, err error) {
-	problem.Unavailable(w, r, SlugUnavailable,
-		"Sign-in is unavailable: the failed sign-in throttle cannot be reached. Try again shortly.", err)
+	respond.Error(w, r, err, SlugUnavailable, detailUnavailable)
 }

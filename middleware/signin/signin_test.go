@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/signin"
@@ -430,12 +431,12 @@ func TestFailureSurvivesRollback(t *testing.T) {
 			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				tx, err := pool.Begin(r.Context())
 				if err != nil {
-					problem.Internal(w, r, err)
+					problem.Internal(w, r)
 					return
 				}
 				defer tx.Rollback(context.Background())
 				if _, err := tx.Exec(r.Context(), `INSERT INTO audit VALUES ('sign-in failed')`); err != nil {
-					problem.Internal(w, r, err)
+					problem.Internal(w, r)
 					return
 				}
 				// The control: the same failure written on the request's
@@ -443,17 +444,17 @@ func TestFailureSurvivesRollback(t *testing.T) {
 				// must not do.
 				if _, err := db.New().LoginAttemptRecordFailure(r.Context(), tx, &db.LoginAttemptRecordFailureParams{
 					Key: "control:" + user, WindowMs: 60000}); err != nil {
-					problem.Internal(w, r, err)
+					problem.Internal(w, r)
 					return
 				}
 				if explicit {
 					if err := signin.Failed(r.Context()); err != nil {
-						problem.Internal(w, r, err)
+						problem.Internal(w, r)
 						return
 					}
 				}
 				if err := tx.Rollback(r.Context()); err != nil {
-					problem.Internal(w, r, err)
+					problem.Internal(w, r)
 					return
 				}
 				w.WriteHeader(http.StatusUnauthorized)
@@ -837,7 +838,7 @@ func TestNonHTTPAPI(t *testing.T) {
 			}
 			_, err := l.Check(ctx, key)
 			var le *signin.LimitError
-			if !errors.Is(err, signin.ErrThrottled) || !errors.As(err, &le) {
+			if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 				t.Fatalf("third check: %v, want a *LimitError", err)
 			}
 			if le.Limit != 2 || le.Failures != 2 || le.RetryAfter <= 14*time.Minute || le.RetryAfter > 15*time.Minute {

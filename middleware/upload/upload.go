@@ -35,6 +35,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -95,8 +97,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Limit == 0 {
 		opts.Limit = DefaultLimit
 	}
-	if opts.Limit > 10000 {
-		return nil, errors.New("upload: Limit above 10000")
+	if opts.Limit > pglimit.MaxLimit {
+		return nil, fmt.Errorf("upload: Limit %d above pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.Window == 0 {
 		opts.Window = DefaultWindow
@@ -130,9 +132,6 @@ func (l *Limiter) Window() time.Duration { return l.window }
 // Scope is the scope key of user's slots in upload_window.
 func Scope(user string) string { return permit.ScopeKey("upload", user) }
 
-// ErrLimited is matched (errors.Is) by every *LimitError.
-var ErrLimited = errors.New("upload: limit reached")
-
 // LimitError is a refused upload.
 type LimitError struct {
 	// Limit is the number of uploads allowed in any window.
@@ -148,8 +147,8 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("upload: %d uploads in the window already; retry in %v", e.Limit, e.RetryAfter)
 }
 
-// Is reports whether target is ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == ErrLimited }
+// Is reports whether target is pglimit.ErrLimited.
+func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
 // Slot is one upload counted in a user's window.
 type Slot struct {
@@ -203,7 +202,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			if errors.As(err, &le) {
 				l.onRefused(w, r, le)
 			} else {
-				problem.Database(w, r, err)
+				respond.Log(r.Context(), l.log, "upload: claim failed", err)
+				respond.Database(w, r, err)
 			}
 			return
 		}

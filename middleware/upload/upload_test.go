@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/problem"
@@ -491,7 +492,7 @@ func TestClaimAPI(t *testing.T) {
 	}
 	_, err = l.Claim(ctx, "frank")
 	var le *upload.LimitError
-	if !errors.Is(err, upload.ErrLimited) || !errors.As(err, &le) {
+	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 		t.Fatalf("second claim: %v", err)
 	}
 	if le.Limit != 1 || le.Window != time.Hour || le.RetryAfter < 59*time.Minute || le.RetryAfter > time.Hour {

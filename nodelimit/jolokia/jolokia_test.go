@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -418,7 +419,7 @@ func TestWriteError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			jolokia.WriteError(rec, httptest.NewRequest(http.MethodGet, "/api/nodes/b1/queues", nil), "b1", fmt.Errorf("wrapped: %w", tc.err))
+			jolokia.WriteError(rec, httptest.NewRequest(http.MethodGet, "/api/nodes/b1/queues", nil), slog.New(slog.DiscardHandler), "b1", fmt.Errorf("wrapped: %w", tc.err))
 			var body map[string]any
 			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 				t.Fatal(err)

@@ -21,11 +21,11 @@ const (
 // WriteError answers a failed node call as problem+json: 502
 // node-unreachable for ErrNode, 503 node-busy with Retry-After 1 for
 // nodelimit.ErrNoTurn (and a request whose context ended), 500 otherwise.
-// The error's text goes to the log, never to the client.
-func WriteError(w http.ResponseWriter, r *http.Request, node string, err error) {
+// The error's text goes to log, never to the client.
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, node string, err error) {
 	switch {
 	case errors.Is(err, ErrNode):
-		slog.WarnContext(r.Context(), "broker node call failed", "node", node, "path", r.URL.Path, "err", err)
+		log.WarnContext(r.Context(), "broker node call failed", "node", node, "path", r.URL.Path, "err", err)
 		problem.Write(w, &problem.Details{
 			Slug: SlugUnreachable, Title: "Broker node unreachable", Status: http.StatusBadGateway,
 			Detail:     "The broker node " + node + " did not answer, or did not answer as Jolokia does.",
@@ -41,6 +41,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, node string, err error) 
 			Extensions: map[string]any{"node": node},
 		})
 	default:
-		problem.Internal(w, r, err)
+		log.ErrorContext(r.Context(), "broker node call failed", "node", node, "path", r.URL.Path, "err", err)
+		problem.Internal(w, r)
 	}
 }

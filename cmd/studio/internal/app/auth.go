@@ -76,7 +76,7 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 				unauthorized(w, "The API token is unknown or expired.")
 				return
 			}
-			problem.Database(w, r, err)
+			a.dbError(w, r, err)
 			return
 		}
 		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName}

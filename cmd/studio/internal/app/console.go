@@ -127,7 +127,7 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 			invalidSQL(w, "The statement failed: "+pgErr.Message, pgErr.Code)
 			return
 		}
-		heavy.WriteError(w, r, err)
+		a.heavyError(w, r, err)
 		return
 	}
 	if mark.Bound == heavy.BoundTime && mark.Rows == 0 {

@@ -92,7 +92,7 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		})
 	})
 	if err != nil && !started {
-		heavy.WriteError(w, r, err)
+		a.heavyError(w, r, err)
 		return
 	}
 	if err == nil && mark.Bound == heavy.BoundTime && mark.Rows == 0 {

@@ -41,7 +41,7 @@ func (a *App) handleFlow(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		heavy.WriteError(w, r, err)
+		a.heavyError(w, r, err)
 		return
 	}
 	resp := flowResponse{Nodes: []string{}, Edges: make([]flowEdge, 0, len(rows)), MayLag: lag}

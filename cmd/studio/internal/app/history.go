@@ -76,7 +76,7 @@ func (h history[T]) handler(a *App) http.HandlerFunc {
 		}
 		resp, err := h.read(r.Context(), a, q)
 		if err != nil {
-			heavy.WriteError(w, r, err)
+			a.heavyError(w, r, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, resp)

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/permit"
-	"github.com/pglimit/pglimit/problem"
 )
 
 type limitRow struct {
@@ -65,7 +64,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}{{permit.HeavyPermit, &resp.Permits}, {permit.UploadWindow, &resp.UploadWindows}, {permit.RequestInFlight, &resp.InFlight}} {
 		held, err := permit.List(ctx, a.primary, kind.kind)
 		if err != nil {
-			problem.Database(w, r, err)
+			a.dbError(w, r, err)
 			return
 		}
 		for _, h := range held {
@@ -75,7 +74,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	throttles, err := a.signin.List(ctx)
 	if err != nil {
-		problem.Database(w, r, err)
+		a.dbError(w, r, err)
 		return
 	}
 	for _, t := range throttles {
@@ -83,7 +82,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	replicas, err := a.registry.List(ctx)
 	if err != nil {
-		problem.Database(w, r, err)
+		a.dbError(w, r, err)
 		return
 	}
 	for _, rep := range replicas {

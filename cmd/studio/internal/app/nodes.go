@@ -63,7 +63,7 @@ func (a *App) handleQueues(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	queues, err := client.Queues(ctx)
 	if err != nil {
-		jolokia.WriteError(w, r, name, err)
+		jolokia.WriteError(w, r, a.log, name, err)
 		return
 	}
 	if queues == nil {

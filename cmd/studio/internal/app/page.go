@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
 //go:embed audit.html
@@ -54,7 +53,7 @@ func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := a.auditHistory().read(r.Context(), a, q)
 	if err != nil {
-		heavy.WriteError(w, r, err)
+		a.heavyError(w, r, err)
 		return
 	}
 	v := auditView{Items: resp.Items, Page: q.page.Number, Size: q.page.Size, Keyset: q.page.Keyset(), MayLag: resp.MayLag}

@@ -57,7 +57,7 @@ func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
 		UserID: id.UserID, Name: name, Size: int64(len(content)), Sha256: hex.EncodeToString(sum[:]), Content: content,
 	})
 	if err != nil {
-		problem.Database(w, r, err)
+		a.dbError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"id": pid, "name": name, "size": len(content), "sha256": hex.EncodeToString(sum[:])})

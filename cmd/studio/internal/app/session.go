@@ -44,7 +44,7 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, pgx.ErrNoRows):
 	default:
 		_ = signin.Abandoned(r.Context())
-		problem.Unavailable(w, r, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.", err)
+		a.signInUnavailable(w, r, err)
 		return
 	}
 	if bcrypt.CompareHashAndPassword(hash, []byte(req.Password)) != nil || user == nil {
@@ -59,7 +59,7 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 		Digest: TokenDigest(token), UserID: user.ID, Name: "session", TtlMs: sessionTTL.Milliseconds(),
 	}); err != nil {
 		_ = signin.Abandoned(r.Context())
-		problem.Unavailable(w, r, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.", err)
+		a.signInUnavailable(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"token": token, "expiresIn": int(sessionTTL.Seconds())})

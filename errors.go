@@ -1,0 +1,81 @@
+package pglimit
+
+import (
+	"context"
+	"errors"
+
+	"github.com/pglimit/pglimit/internal/dberr"
+)
+
+// ErrLimited is matched (errors.Is) by every refusal of every limiter:
+// *heavy.LimitError, *inflight.LimitError, *upload.LimitError and
+// *signin.LimitError. Use errors.As with the package's LimitError for its
+// fields (the limit, the scope, when to retry).
+var ErrLimited = errors.New("pglimit: limit reached")
+
+// Class is what kind of failure a database error is, as Classify tells it.
+type Class int
+
+const (
+	// ClassNone is no error at all.
+	ClassNone Class = iota
+	// ClassCanceled is the caller's context canceled: a client went away.
+	// It is not a server error and is not logged as one.
+	ClassCanceled
+	// ClassUnavailable is a database that cannot be reached: a failed
+	// connect, a broken connection, a server shutting down or starting up,
+	// too many connections, or a limiter's own Timeout option expired
+	// while it connected or waited. Answer 503; it passes.
+	ClassUnavailable
+	// ClassTimeout is a statement stopped at its time bound:
+	// statement_timeout (SQLSTATE 57014) or a context deadline.
+	ClassTimeout
+	// ClassOther is any other error: a bug, a constraint, a syntax error.
+	// Answer 500 and log it; never send its text to a client.
+	ClassOther
+)
+
+// String names the class: "none", "canceled", "unavailable", "timeout" or
+// "other".
+func (c Class) String() string {
+	switch c {
+	case ClassNone:
+		return "none"
+	case ClassCanceled:
+		return "canceled"
+	case ClassUnavailable:
+		return "unavailable"
+	case ClassTimeout:
+		return "timeout"
+	}
+	return "other"
+}
+
+// Classify tells what kind of failure err is, for every error pglimit
+// returns and for the pgx errors of a service's own queries. It looks, in
+// this order, for: nil; context.Canceled; a limiter's own Timeout or a
+// failed connect (unavailable); a context deadline or SQLSTATE 57014
+// (timeout); a connection-class or resource SQLSTATE (08, 57 other than
+// 57014, 53), a network error or a closed connection (unavailable).
+// Everything else is ClassOther.
+func Classify(err error) Class {
+	switch {
+	case err == nil:
+		return ClassNone
+	case errors.Is(err, context.Canceled):
+		return ClassCanceled
+	case dberr.IsOwnTimeout(err), dberr.IsConnectError(err):
+		return ClassUnavailable
+	case dberr.IsTimeout(err):
+		return ClassTimeout
+	case dberr.IsUnavailable(err):
+		return ClassUnavailable
+	}
+	return ClassOther
+}
+
+// IsUnavailable reports whether Classify(err) is ClassUnavailable.
+func IsUnavailable(err error) bool { return Classify(err) == ClassUnavailable }
+
+// IsTimeout reports whether Classify(err) is ClassTimeout.
+func IsTimeout(err error) bool { return Classify(err) == ClassTimeout }

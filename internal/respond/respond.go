@@ -1,0 +1,69 @@
+// Package respond answers and logs, the same way in every middleware, the
+// errors of a decision that are not the middleware's own refusal: a
+// database that cannot be reached or did not answer in time (503), a
+// client that went away (nothing), anything else (500, no internal text).
+package respond
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/problem"
+)
+
+// SlugUnavailable and DetailUnavailable are the 503 every middleware but
+// signin sends when its database cannot be reached.
+const (
+	SlugUnavailable   = "database-unavailable"
+	DetailUnavailable = "The database cannot be reached; try again shortly."
+)
+
+// Error writes the answer to err by its class: 503 slug/detail with
+// Retry-After for pglimit.ClassUnavailable and ClassTimeout, nothing when
+// the client went away (ClassCanceled, or r's context canceled whatever
+// err says: pgx may close a connection to interrupt a statement), and a
+// 500 without the error's text otherwise.
+func Error(w http.ResponseWriter, r *http.Request, err error, slug, detail string) {
+	switch Class(r.Context(), err) {
+	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
+		problem.Unavailable(w, r, slug, detail)
+	case pglimit.ClassCanceled:
+		// Nothing useful can reach a client that went away.
+	default:
+		problem.Internal(w, r)
+	}
+}
+
+// Class is pglimit.Classify(err), except that work whose caller's ctx was
+// canceled is ClassCanceled whatever err says.
+func Class(ctx context.Context, err error) pglimit.Class {
+	if dberr.IsCanceled(ctx, err) {
+		return pglimit.ClassCanceled
+	}
+	return pglimit.Classify(err)
+}
+
+// Database is Error with the 503 database-unavailable.
+func Database(w http.ResponseWriter, r *http.Request, err error) {
+	Error(w, r, err, SlugUnavailable, DetailUnavailable)
+}
+
+// Log logs err, a failed decision, through log at the level its class
+// (Class with ctx) deserves: Debug, as "request canceled: the client went
+// away", for a caller that went away; Warn for a database that cannot be
+// reached or timed out; Error otherwise.
+func Log(ctx context.Context, log *slog.Logger, msg string, err error, args ...any) {
+	c := Class(ctx, err)
+	args = append(args, "class", c.String(), "err", err)
+	switch c {
+	case pglimit.ClassCanceled:
+		log.DebugContext(ctx, "request canceled: the client went away", append(args, "during", msg)...)
+	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
+		log.WarnContext(ctx, msg, args...)
+	default:
+		log.ErrorContext(ctx, msg, args...)
+	}
+}
