@@ -91,7 +91,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 		return nil, nil, err
 	}
 	none := func(*http.Request) (string, bool) { return "", false }
-	hv, err := heavy.New(nowhere, heavy.Options{User: none, InstallationCap: 4, Logger: quiet})
+	hv, err := heavy.New(nowhere, heavy.Options{Name: "bench", Key: none, InstallationLimit: 4, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -142,7 +142,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 			expect(w, status)
 		}
 	}
-	heavyH := hv.Handler(HeavyEndpoint, ok)
+	heavyH := hv.Handler(ok)
 	uploadH := up.Handler(ok)
 	flightH := fl.Handler(ok)
 	signinH := si.Handler(ok)
@@ -155,11 +155,11 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	ctx := context.Background()
 
 	return []AllocCase{
-		{Name: "heavy: no user (401)", What: "heavy.Limiter.Handler, request without an identity", Run: serve(heavyH, get, http.StatusUnauthorized)},
-		{Name: "heavy: refusal writer (429)", What: "heavy.WriteRefusal of a *LimitError: problem+json, Retry-After, RateLimit headers",
+		{Name: "heavy: unidentified (passes)", What: "heavy.Limiter.Handler, request without an identity: passes to next under the time bound, no permit", Run: serve(heavyH, get, http.StatusOK)},
+		{Name: "heavy: refusal writer (429)", What: "heavy.WriteError of a *LimitError: problem+json, Retry-After, RateLimit headers",
 			Run: func() {
 				w.reset()
-				heavy.WriteRefusal(w, get, limitErr)
+				heavy.WriteError(w, get, limitErr)
 				expect(w, http.StatusTooManyRequests)
 			}},
 		{Name: "signin: no username (400)", What: "signin.Limiter.Handler, JSON body without a username (body buffered, key read)",

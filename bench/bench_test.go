@@ -141,11 +141,11 @@ func TestHeavyPathHoldsItsCap(t *testing.T) {
 	s := newSuite(t, 0)
 	ctx := context.Background()
 	for i := range 2 {
-		if _, err := s.heavy.Acquire(ctx, HeavyEndpoint, "one"); err != nil {
+		if _, err := s.heavy.Acquire(ctx, "one"); err != nil {
 			t.Fatalf("permit %d: %v", i+1, err)
 		}
 	}
-	if _, err := s.heavy.Acquire(ctx, HeavyEndpoint, "one"); err == nil {
+	if _, err := s.heavy.Acquire(ctx, "one"); err == nil {
 		t.Fatal("a third permit of a cap of 2 was granted")
 	}
 }

@@ -89,9 +89,9 @@ type Suite struct {
 	uploads atomic.Int64
 }
 
-// HeavyEndpoint is the endpoint of the heavy path: its per-user cap is
-// never reached (each loop is its own user).
-var HeavyEndpoint = heavy.Endpoint{Name: "bench", PerUser: 2, Time: 30 * time.Second}
+// HeavyEndpoint is the Options of the heavy path's endpoint: its per-user
+// cap is never reached (each loop is its own user).
+var HeavyEndpoint = heavy.Options{Name: "bench", Limit: 2, Time: 30 * time.Second}
 
 // NewSuite makes the limiters of every path over pool, which must have
 // pglimit's schema. The installation-wide heavy cap is set above the
@@ -100,9 +100,10 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := &Suite{Pool: pool, Rows: rows, RedisAddr: redisAddr, run: strconv.FormatInt(time.Now().UnixNano(), 36)}
 	var err error
-	if s.heavy, err = heavy.New(pool, heavy.Options{
-		User: func(*http.Request) (string, bool) { return "", false }, InstallationCap: 32, Replica: "bench", Logger: quiet,
-	}); err != nil {
+	heavyOpts := HeavyEndpoint
+	heavyOpts.Key = func(*http.Request) (string, bool) { return "", false }
+	heavyOpts.InstallationLimit, heavyOpts.Replica, heavyOpts.Logger = 32, "bench", quiet
+	if s.heavy, err = heavy.New(pool, heavyOpts); err != nil {
 		return nil, err
 	}
 	if s.signin, err = signin.New(pool, signin.Options{Logger: quiet}); err != nil {
@@ -189,7 +190,7 @@ func (s *Suite) Limits() []Path {
 			New: func(w int) (Op, error) {
 				u := user(w)
 				return func(ctx context.Context) error {
-					p, err := s.heavy.Acquire(ctx, HeavyEndpoint, u)
+					p, err := s.heavy.Acquire(ctx, u)
 					if err != nil {
 						return err
 					}

@@ -20,12 +20,11 @@ import (
 func BenchmarkHeavyPermit(b *testing.B) {
 	url := pgtest.URL(b)
 	pool := pgtest.Pool(b, url, 20)
-	l, err := heavy.New(pool, heavy.Options{User: userHeader, InstallationCap: 64})
+	l, err := heavy.New(pool, heavy.Options{Name: "bench", Key: userHeader, Limit: 2, Time: time.Minute, InstallationLimit: 64})
 	if err != nil {
 		b.Fatal(err)
 	}
 	q := db.New()
-	ep := heavy.Endpoint{Name: "bench", PerUser: 2, Time: time.Minute}
 	var users atomic.Int64
 
 	paths := []struct {
@@ -34,7 +33,7 @@ func BenchmarkHeavyPermit(b *testing.B) {
 	}{
 		{"select1", func(ctx context.Context, _ string) error { return q.SessionPing(ctx, pool) }},
 		{"heavy-claim+release", func(ctx context.Context, user string) error {
-			p, err := l.Acquire(ctx, ep, user)
+			p, err := l.Acquire(ctx, user)
 			if err != nil {
 				return err
 			}

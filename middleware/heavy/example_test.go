@@ -3,30 +3,42 @@ package heavy_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
-// Declare the endpoint where it is served, wrap its handler, and read the
-// database through heavy.Read so the time bound reaches the database.
+// One Limiter per heavy endpoint, declared where it is served: wrap the
+// endpoint's handler, and read the database through heavy.Read so the time
+// bound reaches the database.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil { // pglimit's tables, in the schema pglimit
+		log.Fatal(err)
+	}
 
-	limiter, _ := heavy.New(pool, heavy.Options{
-		User: func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+	console, err := heavy.New(pool, heavy.Options{
+		Name:  "sql-console",
+		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true }, // your user, after authentication
+		Limit: 2, Time: 30 * time.Second, Rows: 1000,
 	})
-	console := heavy.Endpoint{Name: "sql-console", PerUser: 2, Time: 30 * time.Second, Rows: 1000}
-	handler := limiter.Handler(console, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := console.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var answer int
 		err := heavy.Read(r.Context(), pool, func(tx pgx.Tx) error {
 			return tx.QueryRow(r.Context(), "SELECT 6 * 7").Scan(&answer)
@@ -44,4 +56,41 @@ func Example() {
 	handler.ServeHTTP(rec, req)
 	fmt.Print(rec.Code, " ", rec.Body.String())
 	// Output: 200 42
+}
+
+// A job runner takes the same permits without HTTP, and bounds its work
+// with them.
+func ExampleLimiter_Acquire() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+
+	reports, err := heavy.New(pool, heavy.Options{
+		Name: "nightly-report", Key: func(*http.Request) (string, bool) { return "", false }, // Handler unused
+		Limit: 1, Time: time.Minute,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := reports.Acquire(ctx, "reporting-job")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Release(ctx)
+	_, err = reports.Acquire(ctx, "reporting-job") // a second run of the same job, meanwhile
+	fmt.Println(err)
+
+	work, cancel := heavy.NewContext(ctx, p.Bounds()) // ends at the time bound
+	defer cancel()
+	b, _ := heavy.FromContext(work)
+	fmt.Println(b.Endpoint, b.Time)
+	// Output:
+	// heavy: nightly-report: user limit of 1 reached
+	// nightly-report 1m0s
 }

@@ -1,23 +1,46 @@
 // Package heavy bounds expensive endpoints across every replica of a
 // service (ADR-0196 decisions 1 and 2).
 //
-// Each heavy endpoint is declared as an Endpoint with three bounds: a
-// per-user concurrency cap, a time bound and a row cap. A request claims a
-// permit in its user's scope of the endpoint and one in the installation's
-// scope, which caps all heavy requests of all replicas together (by default
-// at a quarter of the connection pool, at least one, so heavy requests never
-// take every connection from ordinary ones). Both permits are rows of the
+// A heavy endpoint is one Limiter, made by New with three bounds: a per-key
+// concurrency cap (Limit; the key is the user, as Options.Key reads it), a
+// time bound (Time) and a row cap (Rows). A request claims a permit in its
+// key's scope of the endpoint and one in the installation's scope, which
+// caps all heavy requests of all replicas together (by default at a
+// quarter of the connection pool, at least one, so heavy requests never
+// take every connection from ordinary ones). Every heavy Limiter on a
+// database shares the installation scope. Both permits are rows of the
 // UNLOGGED heavy_permit table, claimed in one round trip and released in
 // one when the request ends, however it ends; a replica that dies holds
 // them until the time bound plus 30 s.
 //
+//	console, err := heavy.New(pool, heavy.Options{Name: "sql-console", Key: userOf, Limit: 2, Time: 30 * time.Second, Rows: 1000})
+//	mux.Handle("POST /api/sql", console.Handler(sqlHandler))
+//
 // A refused request gets 429 too-many-heavy-requests naming the endpoint,
-// the limit and whether it was the user's own or the installation's, with
+// the limit and whether it was the key's own or the installation's, with
 // Retry-After and the IETF RateLimit-Policy / RateLimit headers. The
 // handler's context carries the deadline of the time bound; Read runs a
 // bounded read with statement_timeout set to what is left of it, and Stream
 // copies rows until the row cap or the time bound and ends the output with a
-// mark saying which stopped it.
+// mark saying which stopped it. Acquire takes the same permits without
+// HTTP, for a job runner or a CLI.
+//
+// # Unidentified requests
+//
+// A request whose key Options.Key cannot read (ok false, or an empty key)
+// passes to next uncounted: it claims no permit, and runs under the time
+// bound and the row cap all the same. A limiter is not an authenticator:
+// put the authentication in front of it, or let it refuse on its own.
+//
+// # Responses
+//
+// Every response the Handler writes itself goes through Options.OnError,
+// WriteError by default: a refusal (*LimitError, 429), a database that
+// cannot be reached or did not answer within Options.Timeout (503
+// database-unavailable), anything else (500, the error logged through
+// Options.Logger, never sent). A client that went away gets nothing.
+//
+// A Limiter is safe for concurrent use.
 package heavy
 
 import (
@@ -32,6 +55,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -47,117 +71,153 @@ const (
 	SlugTimedOut = "heavy-request-timed-out"
 )
 
+// Defaults of Options.
+const (
+	DefaultLimit   = 1
+	DefaultTime    = 30 * time.Second
+	DefaultTimeout = 5 * time.Second
+)
+
 // Scope says whose limit refused a request.
 type Scope string
 
 const (
-	// ScopeUser is the user's own cap on one endpoint.
+	// ScopeUser is the key's own cap on one endpoint.
 	ScopeUser Scope = "user"
 	// ScopeInstallation is the cap over all heavy requests of all replicas.
 	ScopeInstallation Scope = "installation"
 )
 
-// Endpoint is a heavy endpoint, declared by the code that serves it.
-type Endpoint struct {
-	// Name identifies the endpoint in permits and refusals, e.g.
-	// "sql-console". Required.
-	Name string
-	// PerUser is how many requests of one user may run at once, across all
-	// replicas. Default 1.
-	PerUser int
-	// Time bounds a request: its context ends Time after the permit is
-	// granted, and database work runs with statement_timeout set to what is
-	// left. Default 30s.
-	Time time.Duration
-	// Rows caps the rows a request may return; 0 means no cap.
-	Rows int
-}
-
-func (e Endpoint) withDefaults() (Endpoint, error) {
-	if e.Name == "" {
-		return e, errors.New("heavy: endpoint without a name")
-	}
-	if e.PerUser == 0 {
-		e.PerUser = 1
-	}
-	if e.Time == 0 {
-		e.Time = 30 * time.Second
-	}
-	if e.PerUser < 0 || e.Time < 0 || e.Rows < 0 {
-		return e, fmt.Errorf("heavy: endpoint %q: negative bound", e.Name)
-	}
-	return e, nil
-}
-
-// Options configure a Limiter.
+// Options configure a Limiter: one heavy endpoint.
 type Options struct {
-	// User returns the identity whose cap a request counts against; ok false
-	// means the request has none and is refused 401. Required.
-	User func(*http.Request) (user string, ok bool)
-	// InstallationCap bounds all heavy requests of all replicas together.
+	// Name is the endpoint's name, e.g. "sql-console": the `endpoint`
+	// member of its problems, the RateLimit-Policy name, its permits'
+	// endpoint and log lines. Required.
+	Name string
+	// Key returns the identity whose cap a request counts against, usually
+	// the user; never a secret (it is stored on the permit). ok false, or
+	// an empty key, lets the request pass to next uncounted (see
+	// Unidentified requests). Required.
+	Key func(*http.Request) (key string, ok bool)
+	// Limit is how many requests of one key may run at once, across all
+	// replicas: 1..pglimit.MaxLimit. Default 1.
+	Limit int
+	// Time bounds a request: its context ends Time after the permit is
+	// granted, and database work run through Read has statement_timeout set
+	// to what is left. Default 30s.
+	Time time.Duration
+	// Rows caps the rows a request may return (Stream stops there); 0
+	// means no cap.
+	Rows int
+	// InstallationLimit bounds all heavy requests of all replicas together,
+	// over every heavy Limiter of the database: 1..pglimit.MaxLimit.
 	// Default: a quarter of the pool's MaxConns, at least 1.
-	InstallationCap int
+	InstallationLimit int
+	// Timeout bounds the database work of one claim or one release when
+	// the caller's context has no sooner deadline, so a database that hangs
+	// fails the request (503) instead of hanging it. Default 5s.
+	Timeout time.Duration
 	// Replica names this replica on its permits. Default host:pid.
 	Replica string
-	// OnRefused writes the response of a refused request. Default:
-	// WriteRefusal (429 problem+json with Retry-After and RateLimit
-	// headers).
-	OnRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	// Logger receives release failures. Default slog.Default().
+	// OnError writes every response the Handler writes itself: a refusal
+	// (*LimitError) and a failed claim (the database unreachable or timed
+	// out, a client that went away, anything else). The Handler has logged
+	// a failure that is not a refusal before it calls OnError. Default:
+	// WriteError.
+	OnError func(http.ResponseWriter, *http.Request, error)
+	// Logger receives failed claims and releases. Default slog.Default(),
+	// taken when New runs.
 	Logger *slog.Logger
 }
 
-// Limiter claims heavy permits. It is safe for concurrent use.
+// Limiter is one heavy endpoint: it claims its permits. It is safe for
+// concurrent use.
 type Limiter struct {
-	leaser    *permit.Leaser
-	instCap   int
-	user      func(*http.Request) (string, bool)
-	onRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	log       *slog.Logger
+	leaser  *permit.Leaser
+	name    string
+	limit   int
+	time    time.Duration
+	rows    int
+	instCap int
+	timeout time.Duration
+	key     func(*http.Request) (string, bool)
+	onError func(http.ResponseWriter, *http.Request, error)
+	log     *slog.Logger
 }
 
-// New returns a Limiter keeping its permits in pool's database.
+// New returns the Limiter of one heavy endpoint, keeping its permits in
+// pool's database. It checks opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if pool == nil {
 		return nil, errors.New("heavy: nil pool")
 	}
-	if opts.User == nil {
-		return nil, errors.New("heavy: Options.User is required")
+	if opts.Name == "" {
+		return nil, errors.New("heavy: Options.Name is required")
 	}
-	if opts.InstallationCap < 0 {
-		return nil, errors.New("heavy: negative InstallationCap")
+	if opts.Key == nil {
+		return nil, errors.New("heavy: Options.Key is required")
 	}
-	if opts.InstallationCap == 0 {
-		opts.InstallationCap = DefaultInstallationCap(pool.Config().MaxConns)
+	if opts.Limit == 0 {
+		opts.Limit = DefaultLimit
 	}
-	if opts.OnRefused == nil {
-		opts.OnRefused = WriteRefusal
+	if opts.InstallationLimit == 0 {
+		opts.InstallationLimit = DefaultInstallationLimit(pool.Config().MaxConns)
+	}
+	for what, n := range map[string]int{"Limit": opts.Limit, "InstallationLimit": opts.InstallationLimit} {
+		if n < 1 || n > pglimit.MaxLimit {
+			return nil, fmt.Errorf("heavy: %s: %s %d outside 1..pglimit.MaxLimit (%d)", opts.Name, what, n, pglimit.MaxLimit)
+		}
+	}
+	if opts.Time == 0 {
+		opts.Time = DefaultTime
+	}
+	if opts.Time < time.Millisecond {
+		return nil, fmt.Errorf("heavy: %s: Time %v below a millisecond", opts.Name, opts.Time)
+	}
+	if opts.Rows < 0 {
+		return nil, fmt.Errorf("heavy: %s: negative Rows", opts.Name)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("heavy: %s: negative Timeout", opts.Name)
+	}
+	if opts.OnError == nil {
+		opts.OnError = WriteError
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, instCap: opts.InstallationCap, user: opts.User, onRefused: opts.OnRefused, log: opts.Logger}, nil
+	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, time: opts.Time, rows: opts.Rows,
+		instCap: opts.InstallationLimit, timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger}, nil
 }
 
-// DefaultInstallationCap is max(1, maxConns / 4).
-func DefaultInstallationCap(maxConns int32) int { return max(1, int(maxConns)/4) }
+// DefaultInstallationLimit is max(1, maxConns / 4).
+func DefaultInstallationLimit(maxConns int32) int { return max(1, int(maxConns)/4) }
 
-// InstallationCap is the cap over all heavy requests of all replicas.
-func (l *Limiter) InstallationCap() int { return l.instCap }
+// Name is the endpoint's name.
+func (l *Limiter) Name() string { return l.name }
+
+// Limit is how many requests of one key may run at once.
+func (l *Limiter) Limit() int { return l.limit }
+
+// InstallationLimit is the cap over all heavy requests of all replicas.
+func (l *Limiter) InstallationLimit() int { return l.instCap }
 
 // InstallationScope is the scope key shared by all heavy endpoints.
 const InstallationScope = "installation"
 
-// UserScope is the scope key of user's permits on endpoint.
-func UserScope(endpoint, user string) string { return permit.ScopeKey("user", endpoint, user) }
+// KeyScope is the scope key of key's permits on the endpoint name.
+func KeyScope(name, key string) string { return permit.ScopeKey("user", name, key) }
 
 // LimitError is a refused heavy request.
 type LimitError struct {
-	// Endpoint is the endpoint's name.
+	// Endpoint is the endpoint's name (Options.Name).
 	Endpoint string
 	// Limit is the cap that was reached.
 	Limit int
@@ -177,43 +237,45 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is a granted heavy request.
 type Permit struct {
-	lease  *permit.Lease
-	bounds Bounds
+	lease   *permit.Lease
+	bounds  Bounds
+	timeout time.Duration
 }
 
-// Bounds returns the bounds the permit was granted under.
+// Bounds returns the bounds the permit was granted under. Bound the work
+// with them: NewContext(ctx, p.Bounds()).
 func (p *Permit) Bounds() Bounds { return p.bounds }
 
-// Release gives both permits back, in one statement. It outlives a canceled
-// ctx (a client that went away still frees its permits).
+// Release gives both permits back, in one statement. It is safe to call
+// more than once, and it outlives a canceled ctx (a client that went away
+// still frees its permits), bounded by Options.Timeout.
 func (p *Permit) Release(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	return p.lease.Release(ctx)
-}
-
-// Acquire claims a permit of ep for user, for callers that are not HTTP
-// handlers (a job runner, a CLI). It returns a *LimitError when a cap is
-// reached. Release the permit when the work ends, and bound the work with
-// the permit's Bounds.
-func (l *Limiter) Acquire(ctx context.Context, ep Endpoint, user string) (*Permit, error) {
-	ep, err := ep.withDefaults()
-	if err != nil {
-		return nil, err
+	if p == nil {
+		return nil
 	}
-	return l.acquire(ctx, ep, user)
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	defer cancel()
+	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
 }
 
-func (l *Limiter) acquire(ctx context.Context, ep Endpoint, user string) (*Permit, error) {
+// Acquire claims a permit of the endpoint for key, for callers that are not
+// HTTP handlers (a job runner, a CLI). It returns a *LimitError
+// (errors.Is pglimit.ErrLimited) when a cap is reached; any other error is
+// the database's (pglimit.Classify) or ctx's. Release the permit when the
+// work ends, and bound the work with the permit's Bounds.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+	if key == "" {
+		return nil, errors.New("heavy: empty key")
+	}
 	scopes := []permit.Scope{
-		{Key: UserScope(ep.Name, user), Cap: ep.PerUser},
+		{Key: KeyScope(l.name, key), Cap: l.limit},
 		{Key: InstallationScope, Cap: l.instCap},
 	}
-	lease, err := l.leaser.Claim(ctx, permit.Claim{Scopes: scopes, Holder: user, Endpoint: ep.Name, Lease: ep.Time + Grace})
+	lease, err := l.leaser.Claim(ctx, permit.Claim{Scopes: scopes, Holder: key, Endpoint: l.name, Lease: l.time + Grace})
 	if err != nil {
 		var refused *permit.RefusedError
 		if errors.As(err, &refused) {
-			le := &LimitError{Endpoint: ep.Name, Limit: refused.Scope.Cap, Scope: ScopeUser,
+			le := &LimitError{Endpoint: l.name, Limit: refused.Scope.Cap, Scope: ScopeUser,
 				RetryAfter: max(time.Second, refused.FirstLapse-Grace)}
 			if refused.Scope.Key == InstallationScope {
 				le.Scope = ScopeInstallation
@@ -222,54 +284,48 @@ func (l *Limiter) acquire(ctx context.Context, ep Endpoint, user string) (*Permi
 		}
 		return nil, err
 	}
-	return &Permit{lease: lease, bounds: Bounds{Endpoint: ep.Name, Time: ep.Time, Rows: ep.Rows}}, nil
+	return &Permit{lease: lease, bounds: l.bounds(), timeout: l.timeout}, nil
 }
 
-// Handler serves next as the heavy endpoint ep: it claims the permits, runs
+func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time, Rows: l.rows} }
+
+// Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
 // releases the permits when next returns, panics, or the client goes away.
-// It panics if ep is invalid (a programming error, found at start-up).
-func (l *Limiter) Handler(ep Endpoint, next http.Handler) http.Handler {
-	ep, err := ep.withDefaults()
-	if err != nil {
-		panic(err)
-	}
+// An unidentified request runs under the bounds without a permit.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, ok := l.user(r)
-		if !ok {
-			problem.Write(w, &problem.Details{Slug: "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
-				Detail: "This endpoint needs an authenticated user."})
+		key, ok := l.key(r)
+		if !ok || key == "" {
+			ctx, cancel := NewContext(r.Context(), l.bounds())
+			defer cancel()
+			next.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
-		p, err := l.acquire(r.Context(), ep, user)
+		p, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			var le *LimitError
-			if errors.As(err, &le) {
-				l.onRefused(w, r, le)
-			} else {
-				respond.Log(r.Context(), l.log, "heavy: claim failed", err, "endpoint", ep.Name)
-				respond.Database(w, r, err)
+			if !errors.Is(err, pglimit.ErrLimited) {
+				respond.Log(r.Context(), l.log, "heavy: claim failed", err, "endpoint", l.name)
 			}
+			l.onError(w, r, err)
 			return
 		}
 		defer func() {
 			if err := p.Release(r.Context()); err != nil {
 				l.log.WarnContext(r.Context(), "heavy: release failed; the permits lapse on their own",
-					"endpoint", ep.Name, "user", user, "err", err)
+					"endpoint", l.name, "key", key, "err", err)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(r.Context(), ep.Time)
+		ctx, cancel := NewContext(r.Context(), p.bounds)
 		defer cancel()
-		b := p.bounds
-		b.Deadline, _ = ctx.Deadline()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, boundsKey{}, b)))
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
-// WriteRefusal is the default refusal: 429 problem+json naming endpoint,
+// writeRefusal is the 429 of a *LimitError: problem+json naming endpoint,
 // limit and scope, with Retry-After and the RateLimit-Policy / RateLimit
 // headers (quota unit concurrent-requests).
-func WriteRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 	policy := e.Endpoint
 	if e.Scope == ScopeInstallation {
 		policy = "heavy-installation"
@@ -315,13 +371,16 @@ func FromContext(ctx context.Context) (Bounds, bool) {
 	return b, ok
 }
 
-// NewContext returns ctx carrying b and ending at b.Deadline, for work done
-// under a Permit outside an HTTP handler.
+// NewContext returns ctx carrying b and ending at b.Deadline (b.Time from
+// now when b.Deadline is zero), or at ctx's own deadline when that is
+// sooner, which the Bounds in the context then say: work done under a
+// Permit outside an HTTP handler runs in NewContext(ctx, p.Bounds()).
 func NewContext(ctx context.Context, b Bounds) (context.Context, context.CancelFunc) {
 	if b.Deadline.IsZero() {
 		b.Deadline = time.Now().Add(b.Time)
 	}
 	ctx, cancel := context.WithDeadline(ctx, b.Deadline)
+	b.Deadline, _ = ctx.Deadline()
 	return context.WithValue(ctx, boundsKey{}, b), cancel
 }
 

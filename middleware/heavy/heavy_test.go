@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,7 +24,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 func userHeader(r *http.Request) (string, bool) {
 	u := r.Header.Get("X-User")
@@ -37,20 +38,23 @@ type replica struct {
 	srv     *httptest.Server
 }
 
-func newReplicas(t *testing.T, url string, n int, instCap int, ep heavy.Endpoint, h http.Handler) []*replica {
+// newReplicas starts n replicas of the endpoint opts (Key and Replica set
+// here) serving h, or a guarded read when h is nil.
+func newReplicas(t *testing.T, url string, n int, opts heavy.Options, h http.Handler) []*replica {
 	t.Helper()
 	out := make([]*replica, n)
 	for i := range out {
 		pool := pgtest.Pool(t, url, 8)
-		l, err := heavy.New(pool, heavy.Options{User: userHeader, InstallationCap: instCap, Replica: fmt.Sprintf("r%d", i)})
+		opts.Key, opts.Replica = userHeader, fmt.Sprintf("r%d", i)
+		l, err := heavy.New(pool, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var handler http.Handler
 		if h != nil {
-			handler = l.Handler(ep, h)
+			handler = l.Handler(h)
 		} else {
-			handler = l.Handler(ep, guarded(pool))
+			handler = l.Handler(guarded(pool))
 		}
 		srv := httptest.NewServer(handler)
 		t.Cleanup(srv.Close)
@@ -173,7 +177,7 @@ func TestUserCapHoldsAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	const perUser = 2
-	reps := newReplicas(t, url, 3, 100, heavy.Endpoint{Name: "sql-console", PerUser: perUser, Time: 10 * time.Second}, nil)
+	reps := newReplicas(t, url, 3, heavy.Options{Name: "sql-console", Limit: perUser, Time: 10 * time.Second, InstallationLimit: 100}, nil)
 	obs := observe(t, url)
 	var tl tally
 	for round := 0; round < 5; round++ {
@@ -199,7 +203,7 @@ func TestInstallationCapHoldsAcrossUsers(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	const instCap = 3
-	reps := newReplicas(t, url, 3, instCap, heavy.Endpoint{Name: "audit-export", PerUser: 4, Time: 10 * time.Second}, nil)
+	reps := newReplicas(t, url, 3, heavy.Options{Name: "audit-export", Limit: 4, Time: 10 * time.Second, InstallationLimit: instCap}, nil)
 	obs := observe(t, url)
 	var tl tally
 	users := []string{"u1", "u2", "u3", "u4", "u5", "u6"}
@@ -250,8 +254,8 @@ func TestRefusalBodies(t *testing.T) {
 	url := pgtest.URL(t)
 	started := make(chan struct{}, 4)
 	release := make(chan struct{})
-	ep := heavy.Endpoint{Name: "sql-console", PerUser: 1, Time: 20 * time.Second}
-	reps := newReplicas(t, url, 2, 2, ep, holdHandler(started, release))
+	reps := newReplicas(t, url, 2, heavy.Options{Name: "sql-console", Limit: 1, Time: 20 * time.Second, InstallationLimit: 2},
+		holdHandler(started, release))
 	defer close(release)
 
 	do := func(rep *replica, user string) (*http.Response, error) {
@@ -320,12 +324,11 @@ func TestTimedOutBody(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 4)
-	l, err := heavy.New(pool, heavy.Options{User: userHeader})
+	l, err := heavy.New(pool, heavy.Options{Name: "flow-graph", Key: userHeader, Time: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep := heavy.Endpoint{Name: "flow-graph", Time: 300 * time.Millisecond}
-	srv := httptest.NewServer(l.Handler(ep, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		err := heavy.Read(r.Context(), pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(r.Context(), "SELECT pg_sleep(5)")
 			return err
@@ -392,14 +395,13 @@ func TestReleasedOnPanicAndDisconnect(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 4)
-	l, err := heavy.New(pool, heavy.Options{User: userHeader})
+	l, err := heavy.New(pool, heavy.Options{Name: "audit-export", Key: userHeader, Time: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep := heavy.Endpoint{Name: "audit-export", Time: time.Minute}
 
 	t.Run("panic", func(t *testing.T) {
-		h := l.Handler(ep, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") }))
+		h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") }))
 		req := httptest.NewRequest(http.MethodGet, "/", nil)
 		req.Header.Set("X-User", "alice")
 		func() {
@@ -416,7 +418,7 @@ func TestReleasedOnPanicAndDisconnect(t *testing.T) {
 	t.Run("disconnect", func(t *testing.T) {
 		started := make(chan struct{}, 1)
 		ended := make(chan struct{})
-		srv := httptest.NewServer(l.Handler(ep, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			started <- struct{}{}
 			<-r.Context().Done()
 			close(ended)
@@ -442,17 +444,19 @@ func TestAcquireOutsideHTTP(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 4)
-	l, err := heavy.New(pool, heavy.Options{User: userHeader})
+	l, err := heavy.New(pool, heavy.Options{Name: "nightly", Key: userHeader, Limit: 1, Time: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep := heavy.Endpoint{Name: "nightly", PerUser: 1, Time: time.Second}
 	ctx := context.Background()
-	p, err := l.Acquire(ctx, ep, "job")
+	p, err := l.Acquire(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Acquire(ctx, ep, "job")
+	if b := p.Bounds(); b.Endpoint != "nightly" || b.Time != time.Second {
+		t.Errorf("bounds %+v", b)
+	}
+	_, err = l.Acquire(ctx, "job")
 	var le *heavy.LimitError
 	if !errors.As(err, &le) || le.Scope != heavy.ScopeUser || le.Limit != 1 || !errors.Is(err, pglimit.ErrLimited) {
 		t.Fatalf("second acquire: %v", err)
@@ -460,53 +464,142 @@ func TestAcquireOutsideHTTP(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p, err = l.Acquire(ctx, ep, "job")
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	p, err = l.Acquire(ctx, "job")
 	if err != nil {
 		t.Fatalf("acquire after release: %v", err)
 	}
 	_ = p.Release(ctx)
+	if _, err := l.Acquire(ctx, ""); err == nil || errors.Is(err, pglimit.ErrLimited) {
+		t.Errorf("Acquire with an empty key = %v, want a validation error", err)
+	}
 }
 
-// TestBadEndpointsAndOptions are refused at construction.
-func TestBadEndpointsAndOptions(t *testing.T) {
+// TestBadOptions are refused at construction, each with an error that
+// names what is wrong; a good set is accepted and its defaults applied.
+func TestBadOptions(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 4)
-	if _, err := heavy.New(pool, heavy.Options{}); err == nil {
-		t.Error("New without User: no error")
+	good := func(edit func(*heavy.Options)) heavy.Options {
+		o := heavy.Options{Name: "x", Key: userHeader}
+		edit(&o)
+		return o
 	}
-	if _, err := heavy.New(pool, heavy.Options{User: userHeader, InstallationCap: -1}); err == nil {
-		t.Error("New with a negative cap: no error")
-	}
-	if _, err := heavy.New(nil, heavy.Options{User: userHeader}); err == nil {
-		t.Error("New without a pool: no error")
-	}
-	l, _ := heavy.New(pool, heavy.Options{User: userHeader})
-	if got := l.InstallationCap(); got != 1 {
-		t.Errorf("default installation cap with 4 conns = %d, want 1", got)
-	}
-	for name, ep := range map[string]heavy.Endpoint{
-		"no name":       {},
-		"negative cap":  {Name: "x", PerUser: -1},
-		"negative time": {Name: "x", Time: -time.Second},
-		"negative rows": {Name: "x", Rows: -1},
+	for _, tc := range []struct {
+		name string
+		opts heavy.Options
+		want string
+	}{
+		{"no name", good(func(o *heavy.Options) { o.Name = "" }), "Name"},
+		{"no key", good(func(o *heavy.Options) { o.Key = nil }), "Key"},
+		{"negative limit", good(func(o *heavy.Options) { o.Limit = -1 }), "Limit"},
+		{"limit above MaxLimit", good(func(o *heavy.Options) { o.Limit = pglimit.MaxLimit + 1 }), "Limit"},
+		{"negative installation limit", good(func(o *heavy.Options) { o.InstallationLimit = -1 }), "InstallationLimit"},
+		{"installation limit above MaxLimit", good(func(o *heavy.Options) { o.InstallationLimit = pglimit.MaxLimit + 1 }), "InstallationLimit"},
+		{"negative time", good(func(o *heavy.Options) { o.Time = -time.Second }), "Time"},
+		{"time below a millisecond", good(func(o *heavy.Options) { o.Time = time.Microsecond }), "Time"},
+		{"negative rows", good(func(o *heavy.Options) { o.Rows = -1 }), "Rows"},
+		{"negative timeout", good(func(o *heavy.Options) { o.Timeout = -time.Second }), "Timeout"},
 	} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := l.Acquire(context.Background(), ep, "u"); err == nil || errors.Is(err, pglimit.ErrLimited) {
-				t.Errorf("Acquire(%+v) = %v, want a validation error", ep, err)
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := heavy.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error naming %s", err, tc.want)
 			}
-			defer func() {
-				if recover() == nil {
-					t.Errorf("Handler(%+v) did not panic", ep)
-				}
-			}()
-			l.Handler(ep, http.NotFoundHandler())
 		})
 	}
-	req := httptest.NewRequest(http.MethodGet, "/", nil) // no X-User
+	if _, err := heavy.New(nil, good(func(*heavy.Options) {})); err == nil {
+		t.Error("New without a pool: no error")
+	}
+	l, err := heavy.New(pool, good(func(o *heavy.Options) { o.Limit = pglimit.MaxLimit }))
+	if err != nil {
+		t.Fatalf("New at MaxLimit: %v", err)
+	}
+	if got := l.InstallationLimit(); got != 1 {
+		t.Errorf("default installation limit with 4 conns = %d, want 1", got)
+	}
+}
+
+// TestUnidentifiedPassesUncounted: a request whose key cannot be read
+// reaches next without a permit, under the time bound all the same.
+func TestUnidentifiedPassesUncounted(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.Pool(t, url, 4)
+	l, err := heavy.New(pool, heavy.Options{Name: "flow-graph", Key: userHeader, Limit: 1, Time: 7 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		reached bool
+		held    int
+		bounds  heavy.Bounds
+	)
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached = true
+		bounds, _ = heavy.FromContext(r.Context())
+		if err := pool.QueryRow(r.Context(), `SELECT count(*) FROM pglimit.heavy_permit`).Scan(&held); err != nil {
+			t.Error(err)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
 	rec := httptest.NewRecorder()
-	l.Handler(heavy.Endpoint{Name: "x"}, http.NotFoundHandler()).ServeHTTP(rec, req)
-	if rec.Code != http.StatusUnauthorized {
-		t.Errorf("request without a user: %d, want 401", rec.Code)
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/flow", nil)) // no X-User
+	if !reached || rec.Code != http.StatusNoContent {
+		t.Fatalf("unidentified request: reached next %v, status %d; want it passed through", reached, rec.Code)
+	}
+	if held != 0 {
+		t.Errorf("%d permits held while an unidentified request ran, want 0 (uncounted)", held)
+	}
+	if bounds.Endpoint != "flow-graph" || bounds.Time != 7*time.Second || bounds.Deadline.IsZero() {
+		t.Errorf("bounds of an unidentified request %+v, want the endpoint's time bound", bounds)
+	}
+}
+
+// TestOnErrorWritesEveryResponse: a refusal and a database that cannot be
+// reached both go through OnError, with the error the Handler met.
+func TestOnErrorWritesEveryResponse(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.Pool(t, url, 4)
+	var got []error
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
+		got = append(got, err)
+		w.WriteHeader(http.StatusTeapot)
+	}
+	l, err := heavy.New(pool, heavy.Options{Name: "sql-console", Key: userHeader, OnError: onError})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Acquire(context.Background(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(context.Background())
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("X-User", "alice")
+	rec := httptest.NewRecorder()
+	l.Handler(http.NotFoundHandler()).ServeHTTP(rec, req)
+	if rec.Code != http.StatusTeapot || len(got) != 1 || !errors.Is(got[0], pglimit.ErrLimited) {
+		t.Fatalf("refusal: status %d, OnError got %v", rec.Code, got)
+	}
+
+	closed := pgtest.Pool(t, url, 1)
+	closed.Close()
+	down, err := heavy.New(closed, heavy.Options{Name: "sql-console", Key: userHeader, OnError: onError, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = httptest.NewRecorder()
+	down.Handler(http.NotFoundHandler()).ServeHTTP(rec, req)
+	if rec.Code != http.StatusTeapot || len(got) != 2 || pglimit.Classify(got[1]) != pglimit.ClassUnavailable {
+		t.Fatalf("database closed: status %d, OnError got %v", rec.Code, got)
+	}
+	rec = httptest.NewRecorder()
+	heavy.WriteError(rec, req, got[1])
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "database-unavailable") {
+		t.Errorf("WriteError of a closed pool: %d %s", rec.Code, rec.Body)
 	}
 }

@@ -97,13 +97,28 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 	return nil
 }
 
-// WriteError answers a failed heavy request: 503 heavy-request-timed-out
-// for a *TimeoutError (with endpoint, bound TIME and limit), 503 when the
-// database cannot be reached, and a 500 with no internal text otherwise.
-// A client that went away gets nothing.
+// WriteError answers a failed heavy request; it is the default
+// Options.OnError, and a handler calls it for what Read and Stream return:
+//
+//   - *LimitError: 429 too-many-heavy-requests naming endpoint, limit and
+//     scope, with Retry-After and the RateLimit-Policy / RateLimit headers;
+//   - *TimeoutError: 503 heavy-request-timed-out with endpoint, bound TIME
+//     and limit;
+//   - a database that cannot be reached or did not answer in time
+//     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
+//     database-unavailable with Retry-After;
+//   - a client that went away (pglimit.ClassCanceled): nothing;
+//   - anything else: 500 internal-error, without the error's text.
+//
+// It logs nothing: log the error before you call it (the Handler does).
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var te *TimeoutError
+	var (
+		le *LimitError
+		te *TimeoutError
+	)
 	switch {
+	case errors.As(err, &le):
+		writeRefusal(w, r, le)
 	case errors.As(err, &te):
 		problem.Write(w, &problem.Details{
 			Slug:     SlugTimedOut,

@@ -24,28 +24,30 @@ func TestStreamMarks(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 8)
-	l, err := heavy.New(pool, heavy.Options{User: userHeader, InstallationCap: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cases := []struct {
 		name     string
-		ep       heavy.Endpoint
+		opts     heavy.Options
 		rows     int
 		perRow   string // seconds slept per row
 		wantLast string
 		minRows  int
 	}{
-		{"complete", heavy.Endpoint{Name: "e1", Time: 10 * time.Second, Rows: 100}, 5, "0", "#complete rows=5", 5},
-		{"exactly the cap", heavy.Endpoint{Name: "e2", Time: 10 * time.Second, Rows: 5}, 5, "0", "#complete rows=5", 5},
-		{"rows", heavy.Endpoint{Name: "e3", Time: 10 * time.Second, Rows: 10}, 100, "0", "#partial bound=ROWS limit=10 rows=10", 10},
-		{"time", heavy.Endpoint{Name: "e4", Time: 700 * time.Millisecond, Rows: 1000}, 1000, "0.05", "#partial bound=TIME limit=700ms rows=", 3},
+		{"complete", heavy.Options{Name: "e1", Time: 10 * time.Second, Rows: 100}, 5, "0", "#complete rows=5", 5},
+		{"exactly the cap", heavy.Options{Name: "e2", Time: 10 * time.Second, Rows: 5}, 5, "0", "#complete rows=5", 5},
+		{"rows", heavy.Options{Name: "e3", Time: 10 * time.Second, Rows: 10}, 100, "0", "#partial bound=ROWS limit=10 rows=10", 10},
+		{"time", heavy.Options{Name: "e4", Time: 700 * time.Millisecond, Rows: 1000}, 1000, "0.05", "#partial bound=TIME limit=700ms rows=", 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			opts := tc.opts
+			opts.Key, opts.InstallationLimit = userHeader, 8
+			l, err := heavy.New(pool, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var mark heavy.Mark
-			srv := httptest.NewServer(l.Handler(tc.ep, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				b, _ := heavy.FromContext(r.Context())
 				err := heavy.Read(r.Context(), pool, func(tx pgx.Tx) error {
 					rows, err := tx.Query(r.Context(), `SELECT g, pg_sleep($2::float8) FROM generate_series(1, $1::int) g LIMIT $3`, tc.rows, tc.perRow, b.Rows+1)

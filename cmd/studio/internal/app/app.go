@@ -42,7 +42,6 @@ type App struct {
 	q     *studiodb.Queries
 	limit *db.Queries
 
-	heavy     *heavy.Limiter
 	signin    *signin.Limiter
 	uploads   *upload.Limiter
 	inflight  *inflight.Limiter
@@ -65,9 +64,9 @@ type App struct {
 	started     time.Time
 }
 
-// endpoints are the heavy endpoints, declared where they are served.
+// endpoints are the heavy endpoints, one heavy.Limiter each.
 type endpoints struct {
-	sqlConsole, export, audit, events, alerts, flow heavy.Endpoint
+	sqlConsole, export, audit, events, alerts, flow *heavy.Limiter
 }
 
 // New connects to the databases, migrates them (pglimit's schema, then the
@@ -258,13 +257,33 @@ func (a *App) setupMetrics() error {
 
 func (a *App) setupLimits() error {
 	cfg := a.cfg
-	a.endpoints = endpoints{
-		sqlConsole: heavy.Endpoint{Name: "sql-console", PerUser: cfg.SQLConsoleCap, Time: cfg.SQLConsoleTime, Rows: cfg.SQLConsoleRows},
-		export:     heavy.Endpoint{Name: "audit-export", PerUser: cfg.ExportCap, Time: cfg.ExportTime, Rows: cfg.ExportRows},
-		audit:      heavy.Endpoint{Name: "audit-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
-		events:     heavy.Endpoint{Name: "event-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
-		alerts:     heavy.Endpoint{Name: "alert-history", PerUser: cfg.HistoryCap, Time: cfg.HistoryTime, Rows: cfg.HistoryRows},
-		flow:       heavy.Endpoint{Name: "flow-graph", PerUser: cfg.FlowCap, Time: cfg.FlowTime, Rows: cfg.FlowRows},
+	heavyEndpoint := func(name string, limit int, bound time.Duration, rows int) (*heavy.Limiter, error) {
+		return heavy.New(a.primary, heavy.Options{
+			Name: name, Key: userOf, Limit: limit, Time: bound, Rows: rows,
+			InstallationLimit: heavy.DefaultInstallationLimit(int32(cfg.PoolMaxConns)),
+			Replica:           cfg.ReplicaName,
+			Logger:            a.log,
+		})
+	}
+	for _, ep := range []struct {
+		into  **heavy.Limiter
+		name  string
+		limit int
+		bound time.Duration
+		rows  int
+	}{
+		{&a.endpoints.sqlConsole, "sql-console", cfg.SQLConsoleCap, cfg.SQLConsoleTime, cfg.SQLConsoleRows},
+		{&a.endpoints.export, "audit-export", cfg.ExportCap, cfg.ExportTime, cfg.ExportRows},
+		{&a.endpoints.audit, "audit-history", cfg.HistoryCap, cfg.HistoryTime, cfg.HistoryRows},
+		{&a.endpoints.events, "event-history", cfg.HistoryCap, cfg.HistoryTime, cfg.HistoryRows},
+		{&a.endpoints.alerts, "alert-history", cfg.HistoryCap, cfg.HistoryTime, cfg.HistoryRows},
+		{&a.endpoints.flow, "flow-graph", cfg.FlowCap, cfg.FlowTime, cfg.FlowRows},
+	} {
+		l, err := heavyEndpoint(ep.name, ep.limit, ep.bound, ep.rows)
+		if err != nil {
+			return fmt.Errorf("heavy endpoint %s: %w", ep.name, err)
+		}
+		*ep.into = l
 	}
 	var codec *cursor.Codec
 	if cfg.CursorKey != "" {
@@ -283,15 +302,6 @@ func (a *App) setupLimits() error {
 	// total counts: a history read reads at most that many rows for its
 	// page and as many for its total.
 	if a.pager, err = cursor.NewPager(codec, cursor.Rules{Limit: cfg.HistoryRows}); err != nil {
-		return err
-	}
-	a.heavy, err = heavy.New(a.primary, heavy.Options{
-		User:            userOf,
-		InstallationCap: heavy.DefaultInstallationCap(int32(cfg.PoolMaxConns)),
-		Replica:         cfg.ReplicaName,
-		Logger:          a.log,
-	})
-	if err != nil {
 		return err
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{

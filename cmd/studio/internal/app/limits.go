@@ -52,7 +52,7 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	resp := limitsResponse{
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
-		InstallationCap: a.heavy.InstallationCap(),
+		InstallationCap: a.endpoints.sqlConsole.InstallationLimit(),
 	}
 	if a.router.HasReplica() {
 		healthy := a.router.Healthy()

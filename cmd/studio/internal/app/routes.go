@@ -18,10 +18,10 @@ func (a *App) routes() http.Handler {
 	// Every route with a token: authenticate, then count the request in
 	// the token's in-flight cap, then the route's own limits.
 	api := func(h http.Handler) http.Handler { return a.requireToken(a.inflight.Handler(h)) }
-	heavyRoute := func(e heavy.Endpoint, h http.HandlerFunc) http.Handler { return api(a.heavy.Handler(e, h)) }
+	heavyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler { return api(e.Handler(h)) }
 	// History reads may be served by the read replica.
-	historyRoute := func(e heavy.Endpoint, h http.HandlerFunc) http.Handler {
-		return api(a.heavy.Handler(e, a.router.Handler(h)))
+	historyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler {
+		return api(e.Handler(a.router.Handler(h)))
 	}
 
 	mux.Handle("POST /api/session", a.signin.Handler(http.HandlerFunc(a.handleSession)))
