@@ -145,7 +145,11 @@ func TestDeletesOnlyLapsedRows(t *testing.T) {
 			if m.Name != housekeeping.MetricDeleted {
 				continue
 			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				t.Fatalf("%s is a %T, want a Sum[int64]", m.Name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
 				table, _ := dp.Attributes.Value("table")
 				got[table.AsString()] += dp.Value
 			}

@@ -7,17 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// activityQuery is the observer's one statement: the text of every
-// statement running right now in this database that carries the run's
-// marker. It is an observer of the database's own view (pg_stat_activity),
-// independent of pglimit's tables, so it is written here and not in sqlc.
-// The marker is a parameter, so the observer's own statement never matches
-// itself.
-const activityQuery = `SELECT query FROM pg_stat_activity
-WHERE state = 'active' AND datname = current_database() AND pid <> pg_backend_pid()
-  AND strpos(query, $1) > 0`
+	"github.com/pglimit/pglimit/internal/activity"
+)
 
 // peaks are the most console statements the observer saw running at once.
 type peaks struct {
@@ -29,8 +21,11 @@ type peaks struct {
 	Interval time.Duration
 }
 
-// observer polls pg_stat_activity for the console statements of the run,
-// whose SQL text carries "<marker><user>:<token>'". A statement is active
+// observer polls pg_stat_activity (internal/activity) for the console
+// statements of the run, whose SQL text carries "<marker><user>:<token>'".
+// An observer that may not read the statements of every role in the
+// database (a console role it is no member of, without pg_read_all_stats)
+// stops the run with an error rather than report peaks of 0. A statement is active
 // only while its request holds its heavy permit and its in-flight slot, so
 // the counts it sees are at most the slots really held: more than a limit
 // is an over-grant, never an artefact of sampling.
@@ -56,7 +51,7 @@ func (o *observer) run(ctx context.Context) error {
 	defer o.conn.Close(context.Background())
 	start := time.Now()
 	for ctx.Err() == nil {
-		rows, err := o.conn.Query(ctx, activityQuery, o.marker)
+		texts, err := activity.Running(ctx, o.conn, o.marker)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -66,12 +61,7 @@ func (o *observer) run(ctx context.Context) error {
 		users := map[string]int{}
 		tokens := map[string]int{}
 		total := 0
-		for rows.Next() {
-			var q string
-			if err := rows.Scan(&q); err != nil {
-				rows.Close()
-				return err
-			}
+		for _, q := range texts {
 			user, token, ok := parseMarker(q, o.marker)
 			if !ok {
 				continue
@@ -79,13 +69,6 @@ func (o *observer) run(ctx context.Context) error {
 			users[user]++
 			tokens[token]++
 			total++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			return err
 		}
 		o.mu.Lock()
 		o.p.Samples++

@@ -34,8 +34,8 @@ func TestConsole(t *testing.T) {
 
 	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT g FROM generate_series(1, 500) g"})
 	got := r.json(t)
-	if got["bound"] != "ROWS" || len(got["rows"].([]any)) != 100 {
-		t.Fatalf("row cap: bound %v, %d rows", got["bound"], len(got["rows"].([]any)))
+	if rows := r.rows(t); got["bound"] != "ROWS" || len(rows) != 100 {
+		t.Fatalf("row cap: bound %v, %d rows", got["bound"], len(rows))
 	}
 
 	for name, sql := range map[string]string{

@@ -78,7 +78,7 @@ func TestExportMarks(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		r = call(t, http.MethodPost, base+"/api/sql", "alice-token", map[string]string{"sql": `SELECT actor, detail->>'rows', detail->>'partial', coalesce(detail->>'bound', '') FROM audit_event WHERE action = 'audit.export' ORDER BY id`})
-		rows := r.json(t)["rows"].([]any)
+		rows := r.rows(t)
 		if len(rows) == 3 {
 			got := fmt.Sprint(rows)
 			if !strings.Contains(got, "[alice 1000 true ROWS]") || !regexp.MustCompile(`\[bob \d+ true TIME\]`).MatchString(got) || !strings.Contains(got, "false ]") {

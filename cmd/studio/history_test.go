@@ -104,7 +104,7 @@ func TestHistoryRefusals(t *testing.T) {
 
 	r := call(t, http.MethodGet, base+"/api/audit?page=201&size=50", "alice-token", nil)
 	m := r.problemOf(t, http.StatusBadRequest, "page-too-deep")
-	if d := m["detail"].(string); !strings.Contains(d, "next") || !strings.Contains(d, "after") {
+	if d := as[string](t, m["detail"], "detail"); !strings.Contains(d, "next") || !strings.Contains(d, "after") {
 		t.Fatalf("page-too-deep detail does not name the next cursor and the after parameter: %q", d)
 	}
 	if r := call(t, http.MethodGet, base+"/api/audit?page=200&size=50", "alice-token", nil); r.Status != http.StatusOK {

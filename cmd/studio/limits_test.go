@@ -92,7 +92,7 @@ func TestUploadWindowAcrossReplicas(t *testing.T) {
 			t.Fatalf("upload %d: %d %s", i, r.Status, r.Body)
 		}
 		m := r.json(t)
-		if m["sha256"] != "d0ab6f23e9a0d0b1b9aa0f2b8f2c7e7b0c2e2b3f0f9b3b3b8e2d3d0a0c4f5e6d" && len(m["sha256"].(string)) != 64 {
+		if sum, _ := m["sha256"].(string); len(sum) != 64 {
 			t.Fatalf("upload answer %v", m)
 		}
 	}

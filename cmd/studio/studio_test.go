@@ -14,13 +14,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
+	"github.com/pglimit/pglimit/internal/activity"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/internal/replicaset"
 )
@@ -169,41 +167,59 @@ outer:
 	return out
 }
 
+// as returns v as a T, or fails the test saying what it got: an unexpected
+// answer fails the test with a message, never a panic.
+func as[T any](t *testing.T, v any, what string) T {
+	t.Helper()
+	x, ok := v.(T)
+	if !ok {
+		t.Fatalf("%s: %T %v, want a %T", what, v, v, *new(T))
+	}
+	return x
+}
+
+// rows returns the rows of a SQL console answer; anything but a 200 whose
+// rows are a list fails the test.
+func (r *response) rows(t *testing.T) []any {
+	t.Helper()
+	if r.Status != http.StatusOK {
+		t.Fatalf("console: %d %s", r.Status, r.Body)
+	}
+	return as[[]any](t, r.json(t)["rows"], "console rows")
+}
+
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // observePeak polls pg_stat_activity on its own connection and keeps the
 // highest number of active statements containing marker seen at once: an
-// observer independent of pglimit's tables. Call the returned function to
-// stop it and read the peak.
+// observer independent of pglimit's tables (internal/activity). Call the
+// returned function to stop it and read the peak; an observer that cannot
+// read the statements of every role in the database fails the test.
 func observePeak(t *testing.T, dbURL, marker string) (stop func() int64) {
 	t.Helper()
-	obs, err := pgx.Connect(context.Background(), dbURL)
+	w, err := activity.Watch(context.Background(), dbURL, marker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var peak atomic.Int64
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer obs.Close(context.Background())
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			var n int64
-			if obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
-				AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&n) == nil && n > peak.Load() {
-				peak.Store(n)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
 	return func() int64 {
-		close(quit)
-		<-done
-		return peak.Load()
+		t.Helper()
+		peak, _, err := w.Stop()
+		if err != nil {
+			t.Fatalf("observer: %v", err)
+		}
+		return int64(peak)
 	}
+}
+
+// running returns how many statements containing marker run now in q's
+// database (internal/activity); a blind observer fails the test.
+func running(t *testing.T, q activity.Querier, marker string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	texts, err := activity.Running(ctx, q, marker)
+	if err != nil {
+		t.Fatalf("observer: %v", err)
+	}
+	return len(texts)
 }

@@ -1,6 +1,7 @@
 // Package pgtest gives every test a real, isolated PostgreSQL database: a
-// template database migrated once per schema and cloned for each test
-// (peterldowns/pgtestdb), dropped when the test passes.
+// template database migrated once per set of migrations and cloned for each
+// test (CREATE DATABASE ... TEMPLATE, as peterldowns/pgtestdb does), dropped
+// when the test passes and kept for inspection when it fails.
 //
 // The server comes from, in this order:
 //  1. TEST_DATABASE_URL or DATABASE_URL;
@@ -8,8 +9,30 @@
 //  3. a throwaway cluster started from the PostgreSQL binaries installed on
 //     the machine (internal/embedpg), one per test binary.
 //
-// When none is possible the test fails with one sentence saying what to
-// install; it never skips.
+// Whose databases they are depends on the role of that URL:
+//   - a superuser: the tests' databases belong to, and the tests connect as,
+//     the role pglimit_test (LOGIN, no other attribute, created on first use),
+//     so a test runs with the rights a service has, not a superuser's. It is
+//     made a member of pg_read_all_stats, so an observer of pg_stat_activity
+//     (internal/activity) reads the statements of every role in the test's
+//     database.
+//   - any other role: it must have LOGIN and CREATEDB; the tests' databases
+//     belong to it and the tests connect as it.
+//
+// A test's database accepts connections from its owner (and superusers)
+// only: roles belong to the whole server, and one made there before (a
+// studio_console that can log in, from a superuser's migration) would
+// otherwise take part in the tests, as a role whose statements the tests'
+// role may not read. An observer that cannot read every session of its
+// database fails the test saying so (internal/activity).
+//
+// pgtestdb itself is not used: it marks its template with an UPDATE of
+// pg_database, which only a superuser may run, and makes its own role,
+// which needs CREATEROLE. A template here is built under a name of its own
+// and renamed into place when migrated, which its owner may do.
+//
+// When no server is possible the test fails with one sentence saying what to
+// install or grant; it never skips.
 //
 // A package whose tests use pgtest has a TestMain that calls Main, so the
 // throwaway cluster is stopped and removed when the tests end.
@@ -17,8 +40,8 @@ package pgtest
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -27,13 +50,13 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver pgtestdb opens
-	"github.com/peterldowns/pgtestdb"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/pglimit/pglimit/internal/embedpg"
@@ -69,9 +92,33 @@ func (m Migration) schema() schema.Migration {
 	return schema.Migration{FS: m.FS, VersionTable: m.Table, LockID: m.LockID}
 }
 
+// TestRole is the role that owns the tests' databases when the server's URL
+// is a superuser's.
+const TestRole = "pglimit_test"
+
+// testRolePassword lets TestRole log in where the server asks for a
+// password; it guards nothing but throwaway test databases.
+const testRolePassword = "pglimit_test"
+
+// server is the server the tests use and how they use it.
+type server struct {
+	url   string        // as found (a database on the server, not a test's)
+	admin *pgxpool.Pool // on url: creates and drops the tests' databases
+	// role owns the tests' databases and is whom the tests connect as.
+	role, password string
+
+	mu        sync.Mutex
+	templates map[string]*template
+}
+
+type template struct {
+	once sync.Once
+	err  error
+}
+
 var (
 	serverOnce sync.Once
-	serverURL  string
+	srv        *server
 	serverErr  error
 	stopServer func()
 )
@@ -80,6 +127,9 @@ var (
 // started. Call it from TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
+	if srv != nil {
+		srv.admin.Close()
+	}
 	if stopServer != nil {
 		stopServer()
 	}
@@ -87,14 +137,26 @@ func Main(m *testing.M) {
 }
 
 // ServerURL returns the URL of a database on the server tests use (not a
-// per-test database). It fails t when no server can be had.
+// per-test database), as its role (a superuser, or the DATABASE_URL's
+// role). It fails t when no server can be had.
 func ServerURL(t TB) string {
 	t.Helper()
-	serverOnce.Do(func() { serverURL, serverErr = findServer() })
+	return theServer(t).url
+}
+
+func theServer(t TB) *server {
+	t.Helper()
+	serverOnce.Do(func() {
+		var u string
+		u, serverErr = findServer()
+		if serverErr == nil {
+			srv, serverErr = connect(u)
+		}
+	})
 	if serverErr != nil {
 		t.Fatalf("pgtest: no PostgreSQL for the tests: %v", serverErr)
 	}
-	return serverURL
+	return srv
 }
 
 func findServer() (string, error) {
@@ -128,6 +190,91 @@ func findServer() (string, error) {
 	return c.URL("postgres"), nil
 }
 
+// connect opens the admin pool on u and decides whose the tests' databases
+// are (see the package comment).
+func connect(u string) (*server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 4
+	admin, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{url: u, admin: admin, templates: map[string]*template{}}
+	var super, createDB bool
+	err = admin.QueryRow(ctx, `SELECT current_user, rolsuper, rolcreatedb FROM pg_roles WHERE rolname = current_user`).
+		Scan(&s.role, &super, &createDB)
+	if err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("%s: %w", redact(u), err)
+	}
+	switch {
+	case super:
+		s.role, s.password = TestRole, testRolePassword
+		err = s.withLock(ctx, "pgtest role", func(conn *pgxpool.Conn) error { return ensureTestRole(ctx, conn) })
+	case createDB:
+		s.password = cfg.ConnConfig.Password
+	default:
+		err = fmt.Errorf("the role %q of %s may not create databases: the tests need a superuser, or a role with LOGIN and CREATEDB (ALTER ROLE %s CREATEDB)",
+			s.role, redact(u), pgx.Identifier{s.role}.Sanitize())
+	}
+	if err != nil {
+		admin.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// ensureTestRole creates TestRole when it is missing and makes it a member
+// of pg_read_all_stats, so observers read every role's statements.
+func ensureTestRole(ctx context.Context, conn *pgxpool.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)`, TestRole).Scan(&exists); err != nil {
+		return err
+	}
+	// DDL: names and the password cannot be parameters.
+	if !exists {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s' NOSUPERUSER NOCREATEDB NOCREATEROLE`,
+			pgx.Identifier{TestRole}.Sanitize(), testRolePassword)); err != nil {
+			return fmt.Errorf("create role %s: %w", TestRole, err)
+		}
+	}
+	var member bool
+	if err := conn.QueryRow(ctx, `SELECT pg_has_role($1, 'pg_read_all_stats', 'USAGE')`, TestRole).Scan(&member); err != nil {
+		return err
+	}
+	if !member {
+		if _, err := conn.Exec(ctx, `GRANT pg_read_all_stats TO `+pgx.Identifier{TestRole}.Sanitize()); err != nil {
+			return fmt.Errorf("grant pg_read_all_stats to %s: %w", TestRole, err)
+		}
+	}
+	return nil
+}
+
+// withLock runs f on an admin connection holding a session advisory lock
+// named name, so test binaries running at once on one server (go test runs
+// packages in parallel) do one thing at a time.
+func (s *server) withLock(ctx context.Context, name string, f func(*pgxpool.Conn) error) error {
+	conn, err := s.admin.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, name); err != nil {
+		return err
+	}
+	defer func() {
+		if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, name); err != nil {
+			conn.Conn().Close(context.Background()) // a session lock goes with its session
+		}
+	}()
+	return f(conn)
+}
+
 // dockerAnswers reports whether a Docker daemon socket accepts connections,
 // without waiting on testcontainers' own, slower probing.
 func dockerAnswers() bool {
@@ -147,12 +294,11 @@ func dockerAnswers() bool {
 	return true
 }
 
-// migrator is pgtestdb's Migrator over goose folders.
-type migrator []Migration
-
-func (m migrator) Hash() (string, error) {
+// hash names the template of a list of migrations for a role.
+func hash(role string, migrations []Migration) (string, error) {
 	h := sha256.New()
-	for _, mig := range m {
+	fmt.Fprintf(h, "role %s\n", role)
+	for _, mig := range migrations {
 		fmt.Fprintf(h, "table %s\n", mig.Table)
 		names, err := fs.Glob(mig.FS, "*.sql")
 		if err != nil {
@@ -171,11 +317,55 @@ func (m migrator) Hash() (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-func (m migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) error {
-	for _, mig := range m {
-		if err := schema.ApplyDB(ctx, db, mig.schema()); err != nil {
+// template makes sure the template database name exists, migrated with
+// migrations: once per process, and under a lock across processes. It is
+// built as name_wip and renamed to name when complete, so a build that died
+// half-way is never cloned (it is dropped by the next build).
+func (s *server) template(name string, migrations []Migration) error {
+	s.mu.Lock()
+	tpl, ok := s.templates[name]
+	if !ok {
+		tpl = &template{}
+		s.templates[name] = tpl
+	}
+	s.mu.Unlock()
+	tpl.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		tpl.err = s.withLock(ctx, "pgtest template "+name, func(conn *pgxpool.Conn) error {
+			var exists bool
+			if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+				return err
+			}
+			if exists {
+				return nil
+			}
+			wip := pgx.Identifier{name + "_wip"}.Sanitize()
+			if _, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+wip+` WITH (FORCE)`); err != nil {
+				return err
+			}
+			if _, err := conn.Exec(ctx, `CREATE DATABASE `+wip+` OWNER `+pgx.Identifier{s.role}.Sanitize()); err != nil {
+				return err
+			}
+			pool, err := pgxpool.New(ctx, s.databaseURL(name+"_wip"))
+			if err != nil {
+				return err
+			}
+			for _, m := range migrations {
+				if err = schema.Apply(ctx, pool, m.schema()); err != nil {
+					break
+				}
+			}
+			pool.Close()
+			if err != nil {
+				return fmt.Errorf("migrate template %s: %w", name, err)
+			}
+			_, err = conn.Exec(ctx, `ALTER DATABASE `+wip+` RENAME TO `+pgx.Identifier{name}.Sanitize())
 			return err
-		}
+		})
+	})
+	if tpl.err != nil {
+		return fmt.Errorf("template %s: %w", name, tpl.err)
 	}
 	return nil
 }
@@ -185,32 +375,94 @@ func (m migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) er
 // when the test passes and kept for inspection when it fails.
 func URL(t TB, migrations ...Migration) string {
 	t.Helper()
-	server := ServerURL(t)
-	conf, err := configOf(server)
+	s := theServer(t)
+	all := append([]Migration{Limits()}, migrations...)
+	h, err := hash(s.role, all)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	return pgtestdb.Custom(t, conf, migrator(append([]Migration{Limits()}, migrations...))).URL()
+	tpl := "pglimit_tpl_" + h
+	if err := s.template(tpl, all); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return s.newDatabase(t, "pglimit_test_"+h+"_", tpl)
 }
 
-func configOf(server string) (pgtestdb.Config, error) {
-	cfg, err := pgxpool.ParseConfig(server)
-	if err != nil {
-		return pgtestdb.Config{}, err
+// newDatabase creates a database named prefix plus a random suffix, owned by
+// the tests' role and cloned from template ("" for an empty one), and
+// drops it when the test passes.
+func (s *server) newDatabase(t TB, prefix, template string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	name := prefix + hex.EncodeToString(suffix[:])
+	stmt := `CREATE DATABASE ` + pgx.Identifier{name}.Sanitize() + ` OWNER ` + pgx.Identifier{s.role}.Sanitize()
+	if template != "" {
+		stmt += ` TEMPLATE ` + pgx.Identifier{template}.Sanitize()
 	}
-	cc := cfg.ConnConfig
-	return pgtestdb.Config{
-		DriverName: "pgx",
-		Host:       cc.Host,
-		Port:       fmt.Sprint(cc.Port),
-		User:       cc.User,
-		Password:   cc.Password,
-		Database:   cc.Database,
-		Options:    "sslmode=disable",
-		// A test that kills a replica leaves its connections behind on
-		// purpose; drop the database anyway.
-		ForceTerminateConnections: true,
-	}, nil
+	if _, err := s.admin.Exec(ctx, stmt); err != nil {
+		t.Fatalf("pgtest: create database %s: %v", name, err)
+	}
+	// Roles belong to the whole server: one made there before (a
+	// studio_console that may log in, from a superuser's `make run`) must
+	// not take part in a test. Only the tests' role (and superusers) may
+	// connect, so a test runs the same on every server.
+	if _, err := s.admin.Exec(ctx, `REVOKE CONNECT, TEMPORARY ON DATABASE `+pgx.Identifier{name}.Sanitize()+` FROM PUBLIC`); err != nil {
+		t.Fatalf("pgtest: %s: %v", name, err)
+	}
+	u := s.databaseURL(name)
+	t.Logf("pgtest: database %s", redact(u))
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// FORCE: a test that kills a replica leaves its connections behind
+		// on purpose; drop the database anyway.
+		if _, err := s.admin.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
+			t.Fatalf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return u
+}
+
+// databaseURL is the URL of database name on the server, as the tests'
+// role; everything else (host, port, TLS and other parameters) is the
+// server URL's.
+func (s *server) databaseURL(name string) string {
+	return withLogin(s.url, s.role, s.password, name)
+}
+
+// withLogin returns server (a URL or a key/value connection string) with
+// its user, password and database replaced.
+func withLogin(server, user, password, database string) string {
+	parsed, err := url.Parse(server)
+	if err == nil && (parsed.Scheme == "postgres" || parsed.Scheme == "postgresql") {
+		if password != "" {
+			parsed.User = url.UserPassword(user, password)
+		} else {
+			parsed.User = url.User(user)
+		}
+		parsed.Path = "/" + database
+		return parsed.String()
+	}
+	// key=value: a later setting overrides an earlier one.
+	quote := func(v string) string {
+		return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+	}
+	return server + " user=" + quote(user) + " password=" + quote(password) + " dbname=" + quote(database)
+}
+
+// redact hides the password of a connection URL for messages.
+func redact(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.Scheme == "" {
+		return "the server's connection string"
+	}
+	return parsed.Redacted()
 }
 
 // Pool opens a pool of at most maxConns connections on url, closed when the
@@ -269,8 +521,10 @@ func WithReplica(t TB, migrations ...Migration) (primary, replica *embedpg.Clust
 		t.Fatalf("pgtest: %v", err)
 	}
 	app := Pool(t, primary.URL("app"), 4)
-	if err := (migrator(append([]Migration{Limits()}, migrations...))).migratePool(ctx, app); err != nil {
-		t.Fatalf("pgtest: migrate: %v", err)
+	for _, m := range append([]Migration{Limits()}, migrations...) {
+		if err := schema.Apply(ctx, app, m.schema()); err != nil {
+			t.Fatalf("pgtest: migrate: %v", err)
+		}
 	}
 	var err error
 	replica, err = primary.StartReplica(ctx)
@@ -281,30 +535,11 @@ func WithReplica(t TB, migrations ...Migration) (primary, replica *embedpg.Clust
 	return primary, replica
 }
 
-func (m migrator) migratePool(ctx context.Context, pool *pgxpool.Pool) error {
-	for _, mig := range m {
-		if err := schema.Apply(ctx, pool, mig.schema()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // EmptyURL returns the URL of a new, empty database (no schema) for this
-// test, dropped when the test ends.
+// test, owned by the tests' role, dropped when the test passes.
 func EmptyURL(t TB) string {
 	t.Helper()
-	server := ServerURL(t)
-	admin := Pool(t, server, 1)
-	ctx := context.Background()
-	name := fmt.Sprintf("pgtest_empty_%d_%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := admin.Exec(ctx, `CREATE DATABASE `+name); err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`)
-	})
-	return WithDatabase(server, name)
+	return theServer(t).newDatabase(t, "pglimit_empty_", "")
 }
 
 // WithDatabase returns url with its database name replaced by name.

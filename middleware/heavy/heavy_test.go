@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/activity"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
@@ -85,53 +86,28 @@ func guarded(pool *pgxpool.Pool) http.Handler {
 // observer polls pg_stat_activity from a connection of its own and keeps
 // the highest number of guarded queries it saw running at once.
 type observer struct {
-	max  atomic.Int64
-	seen atomic.Int64
-	stop chan struct{}
-	done chan struct{}
+	t *testing.T
+	w *activity.Watcher
 }
 
 func observe(t *testing.T, url string) *observer {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), url)
+	w, err := activity.Watch(context.Background(), url, guardedMarker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := &observer{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(o.done)
-		defer conn.Close(context.Background())
-		for {
-			select {
-			case <-o.stop:
-				return
-			default:
-			}
-			var n int64
-			err := conn.QueryRow(context.Background(), `
-				SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'active'
-				  AND pid <> pg_backend_pid() AND query LIKE '%' || $1 || '%'`, guardedMarker).Scan(&n)
-			if err != nil {
-				continue
-			}
-			o.seen.Add(1)
-			for {
-				cur := o.max.Load()
-				if n <= cur || o.max.CompareAndSwap(cur, n) {
-					break
-				}
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	return o
+	return &observer{t: t, w: w}
 }
 
-func (o *observer) finish() (maxRunning int64) {
-	close(o.stop)
-	<-o.done
-	return o.max.Load()
+// finish stops the observer and returns its peak and samples; a blind
+// observer fails the test.
+func (o *observer) finish() (maxRunning int64, samples int) {
+	o.t.Helper()
+	peak, samples, err := o.w.Stop()
+	if err != nil {
+		o.t.Fatalf("observer: %v", err)
+	}
+	return int64(peak), samples
 }
 
 type tally struct {
@@ -183,8 +159,8 @@ func TestUserCapHoldsAcrossReplicas(t *testing.T) {
 	for round := 0; round < 5; round++ {
 		hammer(t, reps, []string{"alice"}, 24, &tl)
 	}
-	peak := obs.finish()
-	t.Logf("ok %d, refused %d, other %d; peak running %d; observer samples %d", tl.ok.Load(), tl.refused.Load(), tl.other.Load(), peak, obs.seen.Load())
+	peak, samples := obs.finish()
+	t.Logf("ok %d, refused %d, other %d; peak running %d; observer samples %d", tl.ok.Load(), tl.refused.Load(), tl.other.Load(), peak, samples)
 	if tl.other.Load() != 0 {
 		t.Fatalf("%d requests failed otherwise than 200 or 429", tl.other.Load())
 	}
@@ -210,7 +186,7 @@ func TestInstallationCapHoldsAcrossUsers(t *testing.T) {
 	for round := 0; round < 4; round++ {
 		hammer(t, reps, users, 4, &tl)
 	}
-	peak := obs.finish()
+	peak, _ := obs.finish()
 	t.Logf("ok %d, refused %d, other %d; peak running %d", tl.ok.Load(), tl.refused.Load(), tl.other.Load(), peak)
 	if tl.other.Load() != 0 {
 		t.Fatalf("%d requests failed otherwise than 200 or 429", tl.other.Load())

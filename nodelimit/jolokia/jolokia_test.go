@@ -424,7 +424,8 @@ func TestWriteError(t *testing.T) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 				t.Fatal(err)
 			}
-			if rec.Code != tc.status || !strings.HasSuffix(body["type"].(string), ":"+tc.slug) || rec.Header().Get("Retry-After") != tc.retry {
+			typ, _ := body["type"].(string)
+			if rec.Code != tc.status || !strings.HasSuffix(typ, ":"+tc.slug) || rec.Header().Get("Retry-After") != tc.retry {
 				t.Fatalf("%d %v Retry-After %q; want %d %s %q", rec.Code, body, rec.Header().Get("Retry-After"), tc.status, tc.slug, tc.retry)
 			}
 			if rec.Header().Get("Content-Type") != "application/problem+json" || strings.Contains(rec.Body.String(), "secret-host") {
