@@ -23,6 +23,14 @@ test: ## run every test against a real PostgreSQL, then the race detector on the
 	$(GO) test -count=1 -race -short $(RACE_PKGS)
 	$(MAKE) --no-print-directory fuzz FUZZTIME=15000x
 
+# Packages whose tests use a database (they import internal/pgtest).
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /internal\/pgtest$$/ && / github.com\/pglimit\/pglimit\/internal\/pgtest( |$$)/ {print $$1}')
+
+.PHONY: test-db
+test-db: ## run the packages that use a database again on the server DATABASE_URL names (no race detector, no fuzz)
+	@test -n "$$DATABASE_URL$$TEST_DATABASE_URL" || { echo "test-db: set DATABASE_URL to a server (a superuser, or a role with LOGIN CREATEDB)"; exit 2; }
+	$(GO) test -count=1 $(DB_PKGS)
+
 FUZZTIME ?= 30s
 # (a count such as 15000x ends by executions, not by the clock: the short
 # run in `make test` takes that form, which a loaded machine cannot turn
