@@ -13,40 +13,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit/internal/activity"
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
-// statsObserver is a connection to the test server that sees every
-// session's statement in pg_stat_activity (a superuser, or a member of
-// pg_read_all_stats). An observer that would be blind to the service's
-// sessions fails the test instead of seeing nothing.
-func statsObserver(t *testing.T) *pgxpool.Pool {
+// statementsLike counts the sessions of the observer's database whose
+// current or last statement holds marker and that still run it or hold its
+// transaction open (internal/activity: an observer that cannot read every
+// session's statement fails the test rather than count none).
+func statementsLike(t *testing.T, obs activity.Querier, marker string) int {
 	t.Helper()
-	obs := pgtest.Pool(t, pgtest.ServerURL(t), 2)
-	var sees bool
-	if err := obs.QueryRow(context.Background(), `SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
-		FROM pg_roles WHERE rolname = current_user`).Scan(&sees); err != nil {
-		t.Fatal(err)
+	texts, err := activity.Holding(context.Background(), obs, marker)
+	if err != nil {
+		t.Fatalf("observer: %v", err)
 	}
-	if !sees {
-		t.Fatal("the observer's role can neither see other roles' statements (superuser or pg_read_all_stats) nor be trusted to count them; run the tests as a superuser or grant pg_read_all_stats")
-	}
-	return obs
-}
-
-// statementsLike counts the sessions other than the observer's whose
-// current or last statement holds marker and that still run it or hold
-// its transaction open.
-func statementsLike(t *testing.T, obs *pgxpool.Pool, marker string) int {
-	t.Helper()
-	var n int
-	if err := obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-		WHERE query LIKE '%'||$1||'%' AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle'`, marker).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return len(texts)
 }
 
 // TestConsoleCapsStopTheStatement runs console statements that would
@@ -59,7 +41,7 @@ func statementsLike(t *testing.T, obs *pgxpool.Pool, marker string) int {
 func TestConsoleCapsStopTheStatement(t *testing.T) {
 	t.Parallel()
 	procs, dbURL := studio(t, 1, "-sql-console-time", "30s", "-sql-console-rows", "1000")
-	obs := statsObserver(t)
+	obs := pgtest.Pool(t, dbURL, 1)
 	limits := pgtest.Pool(t, dbURL, 1)
 	for _, tc := range []struct {
 		name, marker, sql string

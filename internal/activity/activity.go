@@ -36,16 +36,17 @@ type Querier interface {
 // observer may not read.
 const hidden = "<insufficient privilege>"
 
-// runningQuery returns, for the current database and other than the
-// observer's own session, the text of every active statement carrying the
-// marker, and every session of a role (usesysid is set: not a background
-// process such as autovacuum) whose text the observer may not read. The
-// marker is a parameter, so the observer's own statement never matches
-// itself.
-const runningQuery = `SELECT query, usename, query = '` + hidden + `' AS hidden
+// sessionsQuery returns, for the current database and other than the
+// observer's own session, the text of every statement carrying the marker
+// whose session is in one of the states $2 (its current or last
+// statement), and every session of a role (usesysid is set: not a
+// background process such as autovacuum) whose text the observer may not
+// read. The marker is a parameter, so the observer's own statement never
+// matches itself.
+const sessionsQuery = `SELECT query, usename, query = '` + hidden + `' AS hidden
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND usesysid IS NOT NULL
-  AND ((state = 'active' AND strpos(query, $1) > 0) OR query = '` + hidden + `')`
+  AND ((state = ANY ($2::text[]) AND strpos(query, $1) > 0) OR query = '` + hidden + `')`
 
 // BlindError says the observer cannot read the statements of some sessions
 // of its database, so it cannot count what they run.
@@ -80,25 +81,37 @@ func ident(name string) string {
 // *BlindError when a session of the database belongs to a role whose
 // statements the observer may not read.
 func Running(ctx context.Context, q Querier, marker string) ([]string, error) {
-	rows, err := q.Query(ctx, runningQuery, marker)
+	return sessions(ctx, q, marker, "active")
+}
+
+// Holding is Running counting also the sessions whose last statement
+// contains marker and whose transaction is still open (idle in
+// transaction): what still holds the statement's locks and snapshot.
+func Holding(ctx context.Context, q Querier, marker string) ([]string, error) {
+	return sessions(ctx, q, marker, "active", "idle in transaction", "idle in transaction (aborted)", "fastpath function call")
+}
+
+func sessions(ctx context.Context, q Querier, marker string, states ...string) ([]string, error) {
+	rows, err := q.Query(ctx, sessionsQuery, marker, states)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var texts, blind []string
 	for rows.Next() {
-		var text, role string
+		var text string
+		var role *string
 		var isHidden bool
-		var name *string
-		if err := rows.Scan(&text, &name, &isHidden); err != nil {
+		if err := rows.Scan(&text, &role, &isHidden); err != nil {
 			return nil, err
 		}
-		if name != nil {
-			role = *name
-		}
 		if isHidden {
-			if !slices.Contains(blind, role) {
-				blind = append(blind, role)
+			name := ""
+			if role != nil {
+				name = *role
+			}
+			if !slices.Contains(blind, name) {
+				blind = append(blind, name)
 			}
 			continue
 		}

@@ -14,17 +14,20 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// sleepers runs n statements carrying marker for d on pools of url, and
-// returns when all have started; wait waits for them to end.
+// sleepers runs n statements carrying marker on a pool of url, each for d
+// or until the test ends; wait waits for them to end.
 func sleepers(t *testing.T, url, marker string, n int, d time.Duration) (wait func()) {
 	t.Helper()
 	pool := pgtest.Pool(t, url, int32(n))
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := pool.Exec(context.Background(), "SELECT pg_sleep($1::float8) -- "+marker, d.Seconds()); err != nil {
+			_, err := pool.Exec(ctx, "SELECT pg_sleep($1::float8) -- "+marker, d.Seconds())
+			if err != nil && ctx.Err() == nil {
 				t.Error(err)
 			}
 		}()
@@ -72,8 +75,7 @@ func TestBlindObserverFails(t *testing.T) {
 		}
 	}
 	as := func(role string) string { return strings.Replace(c.URL("app"), "postgres@", role+"@", 1) }
-	wait := sleepers(t, as("worker"), "blind-probe", 2, 3*time.Second)
-	defer wait()
+	sleepers(t, as("worker"), "blind-probe", 2, time.Minute) // ended with the test
 	observer := pgtest.Pool(t, as("watcher"), 1)
 
 	deadline := time.Now().Add(2 * time.Second)
@@ -96,12 +98,51 @@ func TestBlindObserverFails(t *testing.T) {
 		t.Fatalf("blind error %+v: %v", blind, blind)
 	}
 
+	deadline = time.Now().Add(5 * time.Second)
 	if _, err := admin.Exec(ctx, `GRANT pg_read_all_stats TO watcher`); err != nil {
 		t.Fatal(err)
 	}
 	observer.Reset() // a new session takes the new membership
-	texts, err := activity.Running(ctx, observer, "blind-probe")
-	if err != nil || len(texts) != 2 {
-		t.Fatalf("with pg_read_all_stats: %d statements, %v; want 2", len(texts), err)
+	for {
+		texts, err := activity.Running(ctx, observer, "blind-probe")
+		if err != nil {
+			t.Fatalf("with pg_read_all_stats: %v", err)
+		}
+		if len(texts) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with pg_read_all_stats: %d statements; want 2", len(texts))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHoldingCountsOpenTransactions: a session whose marked statement is
+// done but whose transaction is open is holding, not running.
+func TestHoldingCountsOpenTransactions(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t, url, 1)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 -- holding-probe"); err != nil {
+		t.Fatal(err)
+	}
+	observer := pgtest.Pool(t, url, 1)
+	running, err := activity.Running(ctx, observer, "holding-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holding, err := activity.Holding(ctx, observer, "holding-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(running) != 0 || len(holding) != 1 {
+		t.Fatalf("running %d, holding %d; want 0 and 1", len(running), len(holding))
 	}
 }
