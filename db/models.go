@@ -10,6 +10,16 @@ import (
 	"github.com/google/uuid"
 )
 
+type PglimitApiRequestWindow struct {
+	Name      string
+	Key       string
+	Policies  []string
+	Tats      []time.Time
+	Allowed   bool
+	DecidedAt time.Time
+	ExpiresAt time.Time
+}
+
 type PglimitHeavyPermit struct {
 	Kind      string
 	Scope     string

@@ -1,0 +1,67 @@
+package ratelimit
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Header names of draft-ietf-httpapi-ratelimit-headers-11.
+const (
+	HeaderPolicy    = "RateLimit-Policy"
+	HeaderRateLimit = "RateLimit"
+)
+
+// BurstParameter is the RateLimit-Policy parameter that carries a
+// policy's Burst when it differs from its Limit (draft-11 asks
+// implementation-specific parameters to carry a vendor prefix).
+const BurstParameter = "pglimit-burst"
+
+// setHeaders sets RateLimit-Policy and RateLimit for states, one list
+// member per policy, as RFC 9651 structured-field lists. It sets nothing
+// for no states.
+func setHeaders(h http.Header, states []PolicyState) {
+	if len(states) == 0 {
+		return
+	}
+	var policy, limit strings.Builder
+	for i, s := range states {
+		if i > 0 {
+			policy.WriteString(", ")
+			limit.WriteString(", ")
+		}
+		writeString(&policy, s.Name)
+		writeParam(&policy, "q", int64(s.Limit))
+		writeParam(&policy, "w", int64(s.Window.Seconds()))
+		if b := s.burst(); b != s.Limit {
+			writeParam(&policy, BurstParameter, int64(b))
+		}
+		writeString(&limit, s.Name)
+		writeParam(&limit, "r", int64(s.Remaining))
+		writeParam(&limit, "t", int64(math.Ceil(s.Reset.Seconds())))
+	}
+	h.Set(HeaderPolicy, policy.String())
+	h.Set(HeaderRateLimit, limit.String())
+}
+
+// writeString writes s as an sf-string (RFC 9651 section 4.1.6). Policy
+// names are checked to need no escape; the escape is here for the rule.
+func writeString(b *strings.Builder, s string) {
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+}
+
+// writeParam writes ;key=n, n an sf-integer.
+func writeParam(b *strings.Builder, key string, n int64) {
+	b.WriteByte(';')
+	b.WriteString(key)
+	b.WriteByte('=')
+	b.WriteString(strconv.FormatInt(n, 10))
+}

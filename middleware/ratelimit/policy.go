@@ -1,0 +1,163 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxLimit bounds a Policy's Limit and Burst.
+//
+// TODO(api-shape): pglimit.MaxLimit once the root package is on main.
+const maxLimit = 10000
+
+// MaxWindow bounds a Policy's Window.
+const MaxWindow = 366 * 24 * time.Hour
+
+// MaxPolicies bounds the policies of one request.
+const MaxPolicies = 16
+
+// maxNameLen bounds a limiter's or a policy's name.
+const maxNameLen = 64
+
+// Policy is one rate a key is held to: Limit units per Window, with bursts
+// of up to Burst units. A request costs one unit unless Options.Cost says
+// otherwise.
+//
+// The rule is GCRA's: in any interval of length L at most
+// Burst + Limit × L / Window units are admitted, and a key that was quiet
+// for Burst × Window / Limit may spend Burst units at once. The time one
+// unit costs (Window / Limit) is rounded up to a whole microsecond, the
+// database clock's resolution; for a Window of whole seconds and a Limit
+// dividing a million times it, it is exact.
+type Policy struct {
+	// Name names the policy in the RateLimit-Policy and RateLimit headers,
+	// in the problem body's violated-policies and in the database: 1 to 64
+	// letters, digits, '.', '_' or '-'. The policies of one request have
+	// different names. Required.
+	Name string
+	// Limit is the sustained number of units allowed per Window (the
+	// header's q): 1..10000. Required.
+	Limit int
+	// Window is the period of Limit (the header's w): a whole number of
+	// seconds, from one second to MaxWindow. Required.
+	Window time.Duration
+	// Burst is the most units a key may spend at once: 1..10000.
+	// Default Limit.
+	Burst int
+}
+
+// String writes p as "name: limit/window, burst b".
+func (p Policy) String() string {
+	return fmt.Sprintf("%s: %d/%s, burst %d", p.Name, p.Limit, windowString(p.Window), p.burst())
+}
+
+func windowString(w time.Duration) string {
+	switch w {
+	case time.Second:
+		return "s"
+	case time.Minute:
+		return "m"
+	case time.Hour:
+		return "h"
+	}
+	return w.String()
+}
+
+func (p Policy) burst() int {
+	if p.Burst == 0 {
+		return p.Limit
+	}
+	return p.Burst
+}
+
+// emission is the time one unit costs, in microseconds, rounded up.
+func (p Policy) emission() int64 {
+	w := p.Window.Microseconds()
+	return (w + int64(p.Limit) - 1) / int64(p.Limit)
+}
+
+// ErrInvalidPolicy is matched (errors.Is) by every error of a policy that
+// cannot be used: from New for Options.Policies, and from a decision for
+// what Options.PolicyFunc returned.
+var ErrInvalidPolicy = errors.New("ratelimit: invalid policy")
+
+func policyError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidPolicy}, args...)...)
+}
+
+// checkPolicies reports why ps cannot be the policies of one request.
+func checkPolicies(ps []Policy) error {
+	if len(ps) == 0 {
+		return policyError("no policy")
+	}
+	if len(ps) > MaxPolicies {
+		return policyError("%d policies, more than %d", len(ps), MaxPolicies)
+	}
+	for i, p := range ps {
+		if err := validName(p.Name); err != nil {
+			return policyError("policy %d: %v", i+1, err)
+		}
+		for _, q := range ps[:i] {
+			if q.Name == p.Name {
+				return policyError("two policies named %q", p.Name)
+			}
+		}
+		if p.Limit < 1 || p.Limit > maxLimit {
+			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, maxLimit)
+		}
+		if p.Window < time.Second || p.Window > MaxWindow || p.Window%time.Second != 0 {
+			return policyError("policy %q: Window %v is not a whole number of seconds within 1s..%v", p.Name, p.Window, MaxWindow)
+		}
+		if p.Burst < 0 || p.Burst > maxLimit {
+			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, maxLimit)
+		}
+	}
+	return nil
+}
+
+// validName reports why s cannot name a limiter or a policy.
+func validName(s string) error {
+	if s == "" || len(s) > maxNameLen {
+		return fmt.Errorf("name %q is not 1..%d characters long", s, maxNameLen)
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("name %q has a character other than letters, digits, '.', '_' and '-'", s)
+		}
+	}
+	return nil
+}
+
+// ParseRate reads a rate written "N/s", "N/m" or "N/h" (N units per
+// second, minute or hour) into a Limit and a Window, as command-line flags
+// take it. "0" is no rate at all: ok is false and err nil.
+func ParseRate(s string) (limit int, window time.Duration, ok bool, err error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, 0, false, nil
+	}
+	n, unit, found := strings.Cut(s, "/")
+	if !found {
+		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: want N/s, N/m, N/h or 0", s)
+	}
+	switch unit {
+	case "s":
+		window = time.Second
+	case "m":
+		window = time.Minute
+	case "h":
+		window = time.Hour
+	default:
+		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: the unit is s, m or h", s)
+	}
+	limit, err = strconv.Atoi(n)
+	if err != nil || limit < 1 || limit > maxLimit {
+		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, maxLimit)
+	}
+	return limit, window, true, nil
+}

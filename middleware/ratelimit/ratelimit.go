@@ -1,0 +1,515 @@
+// Package ratelimit limits the rate of requests per key — an API token, a
+// user, a tenant — across every replica of a service, counted in
+// PostgreSQL, the database the service already has.
+//
+// Each key is held to one or more Policies: Limit units per Window with
+// bursts of up to Burst units, by GCRA (the generic cell rate algorithm,
+// as go-redis/redis_rate has it): in any interval of length L at most
+// Burst + Limit × L / Window units are admitted. A decision is one
+// statement on the UNLOGGED table pglimit.api_request_window — an INSERT
+// ... ON CONFLICT DO UPDATE ... RETURNING on the key's row, which holds
+// the state of all its policies — so replicas deciding for one key at
+// once take turns on that row's lock, and each judges what the one before
+// it left. Every policy of a request is judged in that same statement: a
+// request is admitted only if all of them have room, and a refused request
+// spends none of them. Times come from the database clock. Read the
+// statements in sql/queries/api_request_window.sql.
+//
+// A request costs one unit, or what Options.Cost says (a bulk call may
+// cost more). Options.PolicyFunc gives each request its policies (by the
+// caller's plan or tenant), so limits change without a restart.
+//
+// # Responses
+//
+// Every response that passed the limiter carries the RateLimit-Policy and
+// RateLimit headers of draft-ietf-httpapi-ratelimit-headers-11 (structured
+// field lists, RFC 9651), one item per policy:
+//
+//	RateLimit-Policy: "api";q=100;w=1;pglimit-burst=200
+//	RateLimit: "api";r=163;t=1
+//
+// q and w are the policy's Limit and Window (seconds), pglimit-burst its
+// Burst when it differs from Limit, r the units the key may spend now and
+// t the seconds until one more unit is available (0: none are spent). No
+// partition key is sent: a key is the client's identity and is never
+// written to a response. A refused request is 429 problem+json of type
+// ...:too-many-requests with the members limit (the first violated
+// policy's Limit), retryAfter (seconds) and violated-policies (draft-11's
+// member: the names of the policies that refused it), the same headers,
+// and Retry-After: the whole seconds, rounded up, until the request would
+// fit, computed from the same statement's state.
+//
+// # Failures
+//
+// When the database cannot be reached or does not answer within Timeout,
+// the limiter fails closed by default (503 database-unavailable) or, with
+// FailOpen, lets the request through uncounted and without headers. Either
+// way the incident is logged once when it begins and once when the
+// database answers again (with how many requests it touched), and counted
+// once in the metric pglimit.ratelimit.incidents; every failed decision is
+// counted in pglimit.decisions with outcome "error".
+//
+// A Limiter is safe for concurrent use.
+package ratelimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pglimit/pglimit/db"
+)
+
+// Defaults of Options.
+const (
+	DefaultName    = "api"
+	DefaultTimeout = 5 * time.Second
+)
+
+// Options configure a Limiter. Key and Policies (or PolicyFunc) are
+// required; every other field has a default.
+type Options struct {
+	// Name is the limiter's name: its rows in api_request_window, the
+	// attribute "limit" of its metrics, its log lines. Limiters with
+	// different names count apart. 1 to 64 letters, digits, '.', '_' or
+	// '-'. Default "api".
+	Name string
+	// Key returns the identity a request is counted against (a token's
+	// id, a user, a tenant; never a raw secret: it is stored, and logged
+	// in dry run). ok false, or an empty key, lets the request through
+	// uncounted and without headers: a limiter is not an authenticator.
+	// Required.
+	Key func(*http.Request) (key string, ok bool)
+	// Policies are the policies of every request, checked here. Required
+	// unless PolicyFunc is set.
+	Policies []Policy
+	// PolicyFunc, when set, gives the policies of each request (by the
+	// caller's plan or tenant, read per request, so limits change without
+	// a restart); nil or none lets the request through uncounted. Its
+	// policies are checked per request: an invalid one fails the request
+	// (500, logged) with an error matching ErrInvalidPolicy. Default: none
+	// (Policies for every request).
+	PolicyFunc func(r *http.Request, key string) []Policy
+	// Cost returns the units a request spends (at least 0; 0 reads the
+	// state without spending). A request costing more than a policy's
+	// Burst can never pass it and is refused without a database round
+	// trip, with no Retry-After. Default: 1 per request.
+	Cost func(*http.Request) int
+	// FailOpen lets requests through, uncounted and without headers, while
+	// the database cannot be reached or does not answer within Timeout.
+	// Default false: such requests are refused with 503
+	// database-unavailable. Closed is the default because the limit
+	// exists to protect the service when it is loaded, and a database
+	// that stops answering in time is most often a loaded one: letting
+	// every request through then adds to the load the limit was set to
+	// shed, and the handlers behind it share that database anyway. Set it
+	// for handlers that work without the database, where an outage of the
+	// counter should not become an outage of the API.
+	FailOpen bool
+	// DryRun decides, counts, logs and sends headers as usual, but refuses
+	// nobody: a request that would have been refused passes, spends
+	// nothing, is counted with outcome "dry-run-refused" and logged (at
+	// most a line a second, with the number of lines left out). How an
+	// operator introduces a limit safely. Default false.
+	DryRun bool
+	// Timeout bounds the database work of one decision when the caller's
+	// context has no sooner deadline. Default 5s.
+	Timeout time.Duration
+	// OnError writes every response the middleware writes itself: a
+	// refusal (*LimitError), a database that cannot be reached or timed
+	// out, an invalid policy. Default WriteError.
+	OnError func(http.ResponseWriter, *http.Request, error)
+	// Logger receives the incident and dry-run lines. Default
+	// slog.Default() (taken at New).
+	Logger *slog.Logger
+	// MeterProvider gives the meter of the metrics pglimit.decisions,
+	// pglimit.decision.duration and pglimit.ratelimit.incidents. Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+}
+
+// Limiter limits the rate of requests per key. It is safe for concurrent
+// use.
+type Limiter struct {
+	pool       *pgxpool.Pool
+	q          *db.Queries
+	name       string
+	key        func(*http.Request) (string, bool)
+	policies   []Policy
+	policyFunc func(*http.Request, string) []Policy
+	cost       func(*http.Request) int
+	failOpen   bool
+	dryRun     bool
+	timeout    time.Duration
+	onError    func(http.ResponseWriter, *http.Request, error)
+	log        *slog.Logger
+	metrics    *metrics
+	incident   incidents
+	dryLog     sampledLog
+	errLog     sampledLog
+	// generalOnly makes every decision use APIRequestWindowDecide (tests
+	// compare the two statements).
+	generalOnly bool
+}
+
+// New returns a Limiter counting in pool's database, which must have
+// pglimit's schema. It checks opts once, here.
+func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
+	if pool == nil {
+		return nil, errors.New("ratelimit: nil pool")
+	}
+	if opts.Name == "" {
+		opts.Name = DefaultName
+	}
+	if err := validName(opts.Name); err != nil {
+		return nil, fmt.Errorf("ratelimit: Options.Name: %v", err)
+	}
+	if opts.Key == nil {
+		return nil, errors.New("ratelimit: Options.Key is required")
+	}
+	if opts.PolicyFunc == nil && len(opts.Policies) == 0 {
+		return nil, errors.New("ratelimit: Options.Policies or Options.PolicyFunc is required")
+	}
+	if len(opts.Policies) > 0 {
+		if err := checkPolicies(opts.Policies); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Timeout < 0 {
+		return nil, errors.New("ratelimit: negative Options.Timeout")
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.OnError == nil {
+		opts.OnError = WriteError
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = otel.GetMeterProvider()
+	}
+	m, err := newMetrics(opts.MeterProvider, opts.Name)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{
+		pool: pool, q: db.New(), name: opts.Name, key: opts.Key,
+		policies: slices.Clone(opts.Policies), policyFunc: opts.PolicyFunc, cost: opts.Cost,
+		failOpen: opts.FailOpen, dryRun: opts.DryRun, timeout: opts.Timeout,
+		onError: opts.OnError, log: opts.Logger, metrics: m,
+	}
+	l.incident.init(l)
+	return l, nil
+}
+
+// Name is the limiter's name.
+func (l *Limiter) Name() string { return l.name }
+
+// Policies are the policies of Options.Policies.
+func (l *Limiter) Policies() []Policy { return slices.Clone(l.policies) }
+
+// PolicyState is one policy of a decision and the key's state in it.
+type PolicyState struct {
+	Policy
+	// Remaining is the units the key may spend at once now (the header's
+	// r): after the request when it was admitted, before it when refused.
+	Remaining int
+	// Reset is the time until one more unit is available (the header's t,
+	// rounded up to whole seconds); 0 when the key has spent nothing.
+	Reset time.Duration
+}
+
+// Permit is an admitted request: the decision, made at At on the
+// database clock, and the state of each policy after it. Release is a
+// no-op: a rate is spent when it is granted.
+type Permit struct {
+	// Name is the limiter's name.
+	Name string
+	// Cost is the units the request spent (0 when Refusal is set).
+	Cost int
+	// Policies are the request's policies, in its order.
+	Policies []PolicyState
+	// At is when the decision was made, on the database clock.
+	At time.Time
+	// Refusal is, in dry run, the refusal the decision would have been
+	// without it (the request was let through and spent nothing); nil
+	// when the request fits.
+	Refusal *LimitError
+}
+
+// Release does nothing and returns nil: a rate is spent when it is
+// granted and never given back. It exists so that every pglimit permit
+// is released the same way.
+func (p *Permit) Release(context.Context) error { return nil }
+
+// SetHeaders sets RateLimit-Policy and RateLimit on h for the decision.
+func (p *Permit) SetHeaders(h http.Header) { setHeaders(h, p.Policies) }
+
+// Acquire spends one unit of key's rate under Options.Policies, for
+// callers that are not HTTP handlers. It returns a *LimitError when a
+// policy has no room (in dry run: a Permit with Refusal set).
+func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+	return l.AcquireN(ctx, key, 1, nil)
+}
+
+// AcquireN spends cost units of key's rate under policies (nil:
+// Options.Policies), all or nothing. It returns a *LimitError when a
+// policy has no room for cost (in dry run: a Permit with Refusal set), an
+// error matching ErrInvalidPolicy for policies that cannot be used, and a
+// database error when the decision could not be made (FailOpen is the
+// Handler's; AcquireN always returns the error).
+func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies []Policy) (*Permit, error) {
+	if key == "" {
+		return nil, errors.New("ratelimit: empty key")
+	}
+	if cost < 0 {
+		return nil, fmt.Errorf("%w: %d", ErrInvalidCost, cost)
+	}
+	if policies == nil {
+		policies = l.policies
+	} else if err := checkPolicies(policies); err != nil {
+		return nil, err
+	}
+	if len(policies) == 0 {
+		return nil, policyError("no policies: Options.Policies is empty")
+	}
+	if never := exceedsBurst(policies, cost); never != nil {
+		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
+	}
+	start := time.Now()
+	d, err := l.decide(ctx, storableKey(key), cost, policies)
+	l.metrics.duration(ctx, time.Since(start))
+	if err != nil {
+		if !isCanceled(ctx, err) {
+			l.incident.failed(ctx, err)
+		}
+		l.metrics.decided(ctx, outcomeError)
+		return nil, err
+	}
+	l.incident.recovered(ctx)
+	if d.refusal != nil {
+		return l.refused(ctx, key, d.refusal)
+	}
+	l.metrics.decided(ctx, outcomeGranted)
+	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at}, nil
+}
+
+// ErrInvalidCost is matched by the error of a negative cost.
+var ErrInvalidCost = errors.New("ratelimit: negative cost")
+
+// refused counts and returns a refusal, or in dry run logs it and returns
+// a Permit that carries it.
+func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Permit, error) {
+	if !l.dryRun {
+		l.metrics.decided(ctx, outcomeRefused)
+		return nil, e
+	}
+	l.metrics.decided(ctx, outcomeDryRunRefused)
+	l.dryLog.log(ctx, l.log, slog.LevelInfo, "ratelimit: dry run: would refuse", "limit", l.name, "key", key,
+		"violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter)
+	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, Refusal: e}, nil
+}
+
+// exceedsBurst names the policies whose Burst is below cost: a request of
+// that cost can never pass them.
+func exceedsBurst(ps []Policy, cost int) []string {
+	var names []string
+	for _, p := range ps {
+		if cost > p.burst() {
+			names = append(names, p.Name)
+		}
+	}
+	return names
+}
+
+func limitOf(ps []Policy, name string) int {
+	for _, p := range ps {
+		if p.Name == name {
+			return p.Limit
+		}
+	}
+	return 0
+}
+
+// decision is what one statement decided, seen from Go.
+type decision struct {
+	at      time.Time
+	states  []PolicyState
+	refusal *LimitError
+}
+
+// decide runs the decision's statement: APIRequestWindowDecideOne for one
+// policy, and APIRequestWindowDecide for several or when the key's row
+// holds other policies too.
+func (l *Limiter) decide(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	if len(policies) == 1 && !l.generalOnly {
+		p := policies[0]
+		row, err := l.q.APIRequestWindowDecideOne(ctx, l.pool, &db.APIRequestWindowDecideOneParams{
+			Name: l.name, Key: key, Policy: p.Name,
+			Increment: micros(p.emission() * int64(cost)), Tolerance: micros(p.emission() * int64(p.burst())),
+		})
+		switch {
+		case err == nil:
+			return l.judge(policies, cost, row.Allowed, row.DecidedAt, []time.Time{row.Tat})
+		case !errors.Is(err, pgx.ErrNoRows):
+			return nil, err
+		}
+	}
+	arg := &db.APIRequestWindowDecideParams{Name: l.name, Key: key,
+		Policies:   make([]string, len(policies)),
+		Increments: make([]pgtype.Interval, len(policies)),
+		Tolerances: make([]pgtype.Interval, len(policies)),
+	}
+	for i, p := range policies {
+		arg.Policies[i] = p.Name
+		arg.Increments[i] = micros(p.emission() * int64(cost))
+		arg.Tolerances[i] = micros(p.emission() * int64(p.burst()))
+	}
+	row, err := l.q.APIRequestWindowDecide(ctx, l.pool, arg)
+	if err != nil {
+		return nil, err
+	}
+	tats := make([]time.Time, len(policies))
+	for i, p := range policies {
+		if j := slices.Index(row.Policies, p.Name); j >= 0 && j < len(row.Tats) {
+			tats[i] = row.Tats[j]
+		}
+	}
+	return l.judge(policies, cost, row.Allowed, row.DecidedAt, tats)
+}
+
+func micros(us int64) pgtype.Interval { return pgtype.Interval{Microseconds: us, Valid: true} }
+
+// judge derives each policy's state from the TATs the statement returned
+// (after the request when it was allowed, before it when refused; the
+// zero time for a policy the key has no state in) and the time of the
+// decision. For a refusal it names the policies without room and the
+// time until the request fits: the longest of theirs.
+func (l *Limiter) judge(policies []Policy, cost int, allowed bool, at time.Time, tats []time.Time) (*decision, error) {
+	now := at.UnixMicro()
+	d := &decision{at: at, states: make([]PolicyState, len(policies))}
+	var violated []string
+	var retry int64
+	for i, p := range policies {
+		t := p.emission()
+		burst := int64(p.burst())
+		tol := t * burst
+		base := now
+		if !tats[i].IsZero() {
+			base = max(base, tats[i].UnixMicro())
+		}
+		avail := max(now+tol-base, 0) // µs of burst left
+		remaining := min(avail/t, burst)
+		var reset int64
+		if base > now {
+			reset = (remaining+1)*t - avail
+		}
+		d.states[i] = PolicyState{Policy: p, Remaining: int(remaining), Reset: time.Duration(reset) * time.Microsecond}
+		if !allowed {
+			if over := base + t*int64(cost) - tol - now; over > 0 {
+				violated = append(violated, p.Name)
+				retry = max(retry, over)
+			}
+		}
+	}
+	if allowed {
+		return d, nil
+	}
+	if len(violated) == 0 {
+		return nil, fmt.Errorf("ratelimit: the database refused a request its returned state admits (policies %v at %v)", names(policies), at)
+	}
+	d.refusal = &LimitError{Name: l.name, Violated: violated, Limit: limitOf(policies, violated[0]),
+		RetryAfter: time.Duration(retry) * time.Microsecond, Cost: cost, Policies: d.states, At: at}
+	return d, nil
+}
+
+func names(ps []Policy) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
+}
+
+// maxKeyLen bounds the key text stored as it is; a longer key is stored
+// as its SHA-256.
+const maxKeyLen = 200
+
+// storableKey is key as the database stores it: itself when it is valid
+// UTF-8 without NUL and at most maxKeyLen bytes (PostgreSQL text refuses
+// the first two), else "sha256:" and the hex of its SHA-256, which keeps
+// distinct keys distinct.
+func storableKey(key string) string {
+	if len(key) <= maxKeyLen && utf8.ValidString(key) && !containsNUL(key) {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Handler limits the rate of requests to next. A request whose key or
+// policies are none passes uncounted; an admitted one passes with the
+// RateLimit headers; a refused one gets OnError's answer (429 by
+// default). When the decision fails, FailOpen says what happens.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := l.key(r)
+		if !ok || key == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		var policies []Policy
+		if l.policyFunc != nil {
+			policies = l.policyFunc(r, key)
+			if len(policies) == 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		cost := 1
+		if l.cost != nil {
+			cost = l.cost(r)
+		}
+		p, err := l.AcquireN(r.Context(), key, cost, policies)
+		if err != nil {
+			switch {
+			case l.failOpen && isUnavailable(err) && !isCanceled(r.Context(), err):
+				next.ServeHTTP(w, r)
+				return
+			case errors.Is(err, ErrInvalidPolicy), errors.Is(err, ErrInvalidCost):
+				l.errLog.log(r.Context(), l.log, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
+					"limit", l.name, "err", err)
+			}
+			l.onError(w, r, err)
+			return
+		}
+		p.SetHeaders(w.Header())
+		next.ServeHTTP(w, r)
+	})
+}

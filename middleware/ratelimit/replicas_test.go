@@ -1,0 +1,147 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/middleware/ratelimit"
+)
+
+// hammer runs workers per pool (each pool a replica with a limiter of its
+// own) deciding for one key for d, with costs from cost, and returns every
+// decision as the workers saw it.
+func hammer(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, policies []ratelimit.Policy,
+	general bool, cost func(*rand.Rand) int) []record {
+	t.Helper()
+	limiters := make([]*ratelimit.Limiter, len(pools))
+	for i, pool := range pools {
+		l, err := ratelimit.New(pool, ratelimit.Options{Key: func(*http.Request) (string, bool) { return "", false },
+			Policies: policies, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if general {
+			ratelimit.GeneralOnly(l)
+		}
+		limiters[i] = l
+	}
+	var (
+		mu   sync.Mutex
+		recs []record
+		wg   sync.WaitGroup
+	)
+	stop := time.Now().Add(d)
+	for i := range len(pools) * workers {
+		l := limiters[i%len(pools)]
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			var mine []record
+			for time.Now().Before(stop) {
+				c := cost(rng)
+				sent := time.Now()
+				p, err := l.AcquireN(context.Background(), "the-key", c, nil)
+				received := time.Now()
+				r := record{cost: c, sent: micro(sent), received: micro(received)}
+				var le *ratelimit.LimitError
+				switch {
+				case err == nil:
+					r.admitted, r.at = true, micro(p.At)
+				case errors.As(err, &le):
+					r.at, r.retry, r.violated = micro(le.At), le.RetryAfter.Microseconds(), le.Violated
+				default:
+					t.Error(err)
+					return
+				}
+				mine = append(mine, r)
+				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+			}
+			mu.Lock()
+			recs = append(recs, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return recs
+}
+
+// threePools stands three replicas on one fresh database.
+func threePools(t *testing.T) []*pgxpool.Pool {
+	t.Helper()
+	url := pgtest.URL(t)
+	return []*pgxpool.Pool{pgtest.Pool(t, url, 4), pgtest.Pool(t, url, 4), pgtest.Pool(t, url, 4)}
+}
+
+func hammerTime() time.Duration {
+	if testing.Short() {
+		return time.Second
+	}
+	return 2 * time.Second
+}
+
+// TestReplicasHoldTheRate: three replicas deciding for one key at once
+// admit, in every interval of length L, at most burst + rate × L requests
+// (by the decision times the answers carry), refuse none the model says
+// had room, and tell each refused request the exact Retry-After — with the
+// one-policy statement and with the general one.
+func TestReplicasHoldTheRate(t *testing.T) {
+	t.Parallel()
+	policies := []ratelimit.Policy{{Name: "api", Limit: 50, Window: time.Second, Burst: 10}}
+	for _, general := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one-policy statement", true: "general statement"}[general], func(t *testing.T) {
+			t.Parallel()
+			recs := hammer(t, threePools(t), 4, hammerTime(), policies, general, func(*rand.Rand) int { return 1 })
+			v := judge(policies, recs)
+			holds(t, v)
+			// Demand outran the rate: the limiter must have admitted close to
+			// everything the bound allows, and refused the rest.
+			bound := 10 + 50*hammerTime().Seconds()
+			if float64(v.admitted) < 0.8*bound || v.refusals == 0 {
+				t.Errorf("admitted %d of a bound of %.0f with %d refusals: the demand did not reach the rate", v.admitted, bound, v.refusals)
+			}
+		})
+	}
+}
+
+// TestReplicasAllOrNothing: two policies on every request, binding at
+// different times (the burst of "fast" first, then the rate of "slow").
+// A refused request must spend neither: had it spent one, later requests
+// would be refused with room in the model.
+func TestReplicasAllOrNothing(t *testing.T) {
+	t.Parallel()
+	policies := []ratelimit.Policy{
+		{Name: "fast", Limit: 40, Window: time.Second, Burst: 4},
+		{Name: "slow", Limit: 15, Window: time.Second, Burst: 12},
+	}
+	recs := hammer(t, threePools(t), 4, hammerTime(), policies, false, func(*rand.Rand) int { return 1 })
+	v := judge(policies, recs)
+	holds(t, v)
+	byPolicy := map[string]int{}
+	for _, r := range recs {
+		for _, p := range r.violated {
+			byPolicy[p]++
+		}
+	}
+	if byPolicy["fast"] == 0 || byPolicy["slow"] == 0 {
+		t.Errorf("refusals by policy %v: both policies must have refused for the test to prove anything", byPolicy)
+	}
+}
+
+// TestReplicasWeightedCost: requests cost 1 to 4 units; the bound is on
+// units, and a refusal must be one the model says had no room for its
+// cost.
+func TestReplicasWeightedCost(t *testing.T) {
+	t.Parallel()
+	policies := []ratelimit.Policy{{Name: "units", Limit: 60, Window: time.Second, Burst: 8}}
+	recs := hammer(t, threePools(t), 4, hammerTime(), policies, false, func(r *rand.Rand) int { return 1 + r.IntN(4) })
+	holds(t, judge(policies, recs))
+}

@@ -1,0 +1,151 @@
+-- Request-rate limits (package middleware/ratelimit): GCRA, the generic
+-- cell rate algorithm, per key and policy, in pglimit.api_request_window.
+--
+-- A policy allows Limit units per Window with a burst B. Its emission
+-- interval T = Window / Limit is what one unit costs in time. A key's
+-- state per policy is one timestamp, its theoretical arrival time (TAT).
+-- A request of cost c is admitted when
+--     greatest(TAT, now) + c*T <= now + B*T
+-- and then TAT becomes greatest(TAT, now) + c*T. So in any interval of
+-- length L at most B + L/T units are admitted, and a key that was quiet
+-- may spend B at once (burst B admits B units at once, as
+-- go-redis/redis_rate counts it). The caller passes, per policy, c*T (the
+-- increment) and B*T (the tolerance) as intervals, so the statements
+-- only add and compare timestamps: no numeric, no multiplication.
+--
+-- One statement per decision, INSERT ... ON CONFLICT DO UPDATE ...
+-- RETURNING: two replicas deciding for one key at once serialise on the
+-- row lock ON CONFLICT takes, and the second judges the first one's
+-- result; no advisory lock, no read-then-write. A key's first request
+-- inserts its row (the INSERT branch: empty state, every TAT is now); every
+-- later one takes the DO UPDATE branch, where the GCRA is written inline in
+-- the SET's sub-select (a SQL function would be planned again on every
+-- call). "now" is clock_timestamp(), read once per decision inside that
+-- sub-select, so after the row lock is held: decisions on one key are
+-- stamped in the order they are made. A refused request writes only
+-- allowed and decided_at; its TATs stay as they were.
+--
+-- There are two statements of the same algorithm. APIRequestWindowDecideOne
+-- is the common case, one policy, written with scalars; it measured about
+-- a third of the database time of the general APIRequestWindowDecide,
+-- whose arrays of policies need a sub-select with an aggregate. The
+-- ratelimit tests run both over the same histories and compare every
+-- decision.
+--
+-- Both read their parameters from a CTE: sqlc cannot rewrite parameters
+-- inside a multi-column SET's sub-select.
+
+-- name: APIRequestWindowDecideOne :one
+-- Judges a request of the key against one policy (@increment = cost x T,
+-- @tolerance = burst x T) when the key's row holds that policy alone or
+-- does not exist yet. It returns no row when the row holds other policies
+-- too (a per-request policy function gave the key several): the caller
+-- then decides with APIRequestWindowDecide, which keeps them.
+WITH request AS (
+    SELECT @policy::text AS policy, @increment::interval AS increment, @tolerance::interval AS tolerance
+)
+INSERT INTO pglimit.api_request_window AS w (name, key, policies, tats, allowed, decided_at, expires_at)
+SELECT @name::text, @key::text, ARRAY[r.policy],
+       ARRAY[CASE WHEN r.increment <= r.tolerance THEN c.at + r.increment ELSE c.at END],
+       r.increment <= r.tolerance, c.at,
+       CASE WHEN r.increment <= r.tolerance THEN c.at + r.increment ELSE c.at END
+FROM request AS r
+-- The clock, read once: a sub-select whose target list calls a volatile
+-- function is never merged into the query around it.
+CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+ON CONFLICT (name, key) DO UPDATE SET (tats, allowed, decided_at, expires_at) = (
+    SELECT CASE WHEN x.ok THEN ARRAY[x.tat] ELSE w.tats END, x.ok, x.at,
+           CASE WHEN x.ok THEN x.tat ELSE w.expires_at END
+    FROM (
+        SELECT c.at, greatest(w.tats[1], c.at) + r.increment AS tat,
+               greatest(w.tats[1], c.at) + r.increment <= c.at + r.tolerance AS ok
+        FROM request AS r
+        CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+    ) AS x
+)
+WHERE w.policies = ARRAY[@policy::text]
+RETURNING allowed, tats[1]::timestamptz AS tat, decided_at;
+
+-- name: APIRequestWindowDecide :one
+-- Judges a request of the key against every policy of the request
+-- (@policies, with @increments = cost x T and @tolerances = burst x T, one
+-- per policy) and admits it only if all of them have room, in which case
+-- all of them are spent, or none. The row keeps the TATs of other policies
+-- the key was judged by (a per-request policy function may give a key
+-- different policies over time) until they pass. It returns the decision,
+-- the key's policies and TATs after it (a refused request's as they were)
+-- and the time it was made; the caller derives remaining units, reset and
+-- Retry-After from them.
+WITH request AS (
+    SELECT @policies::text[] AS policies, @increments::interval[] AS increments,
+           @tolerances::interval[] AS tolerances
+)
+INSERT INTO pglimit.api_request_window AS w (name, key, policies, tats, allowed, decided_at, expires_at)
+SELECT @name::text, @key::text,
+       CASE WHEN f.ok THEN f.policies ELSE '{}' END,
+       CASE WHEN f.ok THEN f.tats ELSE '{}' END,
+       f.ok, c.at,
+       CASE WHEN f.ok THEN f.last ELSE c.at END
+FROM request AS r
+CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+CROSS JOIN LATERAL (
+    SELECT coalesce(bool_and(r.increments[i] <= r.tolerances[i]), true) AS ok,
+           array_agg(r.policies[i]) AS policies, array_agg(c.at + r.increments[i]) AS tats,
+           max(c.at + r.increments[i]) AS last
+    FROM generate_subscripts(r.policies, 1) AS i
+) AS f
+ON CONFLICT (name, key) DO UPDATE SET (policies, tats, allowed, decided_at, expires_at) = (
+    SELECT CASE WHEN NOT f.ok THEN w.policies
+                WHEN w.policies = f.policies THEN f.policies
+                -- The key has other policies too: keep those still ahead of now.
+                ELSE f.policies || ARRAY(
+                    SELECT w.policies[o] FROM generate_subscripts(w.policies, 1) AS o
+                    WHERE w.tats[o] > c.at AND w.policies[o] <> ALL (r.policies))
+           END,
+           CASE WHEN NOT f.ok THEN w.tats
+                WHEN w.policies = f.policies THEN f.tats
+                ELSE f.tats || ARRAY(
+                    SELECT w.tats[o] FROM generate_subscripts(w.policies, 1) AS o
+                    WHERE w.tats[o] > c.at AND w.policies[o] <> ALL (r.policies))
+           END,
+           f.ok, c.at,
+           CASE WHEN f.ok THEN greatest(w.expires_at, f.last) ELSE w.expires_at END
+    FROM request AS r
+    CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+    CROSS JOIN LATERAL (
+        -- Every policy of the request, judged: ok only if all fit.
+        -- (policies and tats are aggregated from the same rows, so they
+        -- pair up in whatever order the rows come.)
+        SELECT coalesce(bool_and(b.tat <= c.at + b.tolerance), true) AS ok,
+               array_agg(b.policy) AS policies, array_agg(b.tat) AS tats, max(b.tat) AS last
+        FROM (
+            SELECT r.policies[i] AS policy, r.tolerances[i] AS tolerance,
+                   greatest(w.tats[array_position(w.policies, r.policies[i])], c.at) + r.increments[i] AS tat
+            FROM generate_subscripts(r.policies, 1) AS i
+        ) AS b
+    ) AS f
+)
+RETURNING allowed, policies, tats, decided_at;
+
+-- name: APIRequestWindowList :many
+-- The keys of one limiter whose state still counts, latest decision
+-- first, for operators.
+SELECT key, policies, tats, allowed, decided_at, expires_at
+FROM pglimit.api_request_window
+WHERE name = @name::text AND expires_at > now()
+ORDER BY decided_at DESC, key
+LIMIT @max_rows::int;
+
+-- name: APIRequestWindowDeleteLapsed :execrows
+-- Housekeeping: deletes at most @batch rows whose every TAT has passed (a
+-- sequential scan: the table has no index on expires_at, see its
+-- migration). A row a decision holds is skipped; one a decision moved
+-- forward since this statement's snapshot is judged again under its lock
+-- and kept.
+DELETE FROM pglimit.api_request_window
+WHERE (name, key) IN (
+    SELECT name, key FROM pglimit.api_request_window
+    WHERE expires_at <= now()
+    LIMIT @batch::int
+    FOR UPDATE SKIP LOCKED
+);
