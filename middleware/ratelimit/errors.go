@@ -8,7 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -17,12 +18,7 @@ const SlugTooMany = "too-many-requests"
 
 // SlugUnavailable is the problem type slug of a decision the database
 // could not make (fail closed).
-const SlugUnavailable = "database-unavailable"
-
-// errLimited stands for the root package's sentinel until it is on main.
-//
-// TODO(api-shape): LimitError.Is matches pglimit.ErrLimited; drop this.
-var errLimited = errors.New("pglimit: limit reached")
+const SlugUnavailable = respond.SlugUnavailable
 
 // LimitError is a refused request.
 type LimitError struct {
@@ -57,54 +53,38 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("ratelimit: %s: no room in policies %s; retry in %v", e.Name, strings.Join(e.Violated, ", "), e.RetryAfter)
 }
 
-// Is reports whether target is the sentinel every pglimit refusal
-// matches.
-func (e *LimitError) Is(target error) bool { return target == errLimited }
+// Is reports whether target is pglimit.ErrLimited.
+func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
 // isCanceled reports whether err ended a decision because the caller's
 // context was canceled: a client that went away, not a failure.
-//
-// TODO(api-shape): pglimit.Classify(err) == pglimit.ClassCanceled.
 func isCanceled(ctx context.Context, err error) bool {
-	return errors.Is(err, context.Canceled) || (ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled))
+	return respond.Class(ctx, err) == pglimit.ClassCanceled
 }
 
 // isUnavailable reports whether err is a database that cannot be reached
-// or did not answer in time: what FailOpen covers and what is answered
-// 503.
-//
-// TODO(api-shape): pglimit.Classify: ClassUnavailable or ClassTimeout.
+// or did not answer in time (pglimit.ClassUnavailable or ClassTimeout):
+// what FailOpen covers and what is answered 503.
 func isUnavailable(err error) bool {
-	return dberr.IsUnavailable(err) || dberr.IsTimeout(err)
+	c := pglimit.Classify(err)
+	return c == pglimit.ClassUnavailable || c == pglimit.ClassTimeout
 }
 
 // WriteError is the default Options.OnError. A *LimitError is 429
 // too-many-requests with Retry-After (none when the request can never
 // pass), the RateLimit headers and the members limit, retryAfter
 // (seconds) and violated-policies; a database that cannot be reached or
-// did not answer in time is 503 database-unavailable with Retry-After;
-// a client that went away gets nothing; anything else is 500
-// internal-error, without the error's text. It logs nothing: the Limiter
-// logs incidents, once each.
+// did not answer in time (pglimit.Classify) is 503 database-unavailable
+// with Retry-After; a client that went away gets nothing; anything else is
+// 500 internal-error, without the error's text. It logs nothing: the
+// Limiter logs incidents, once each.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var e *LimitError
-	switch {
-	case errors.As(err, &e):
+	if errors.As(err, &e) {
 		writeRefusal(w, r, e)
-	case isCanceled(r.Context(), err):
-		// Nothing useful can reach a client that went away.
-	case isUnavailable(err):
-		problem.Write(w, &problem.Details{
-			Slug: SlugUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "The database cannot be reached; try again shortly.", Instance: r.URL.Path,
-			RetryAfter: 5 * time.Second,
-		})
-	default:
-		problem.Write(w, &problem.Details{
-			Slug: "internal-error", Title: "Internal server error", Status: http.StatusInternalServerError,
-			Detail: "The server could not complete the request. It has been logged.", Instance: r.URL.Path,
-		})
+		return
 	}
+	respond.Database(w, r, err)
 }
 
 func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {

@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )
 
@@ -19,10 +21,15 @@ import (
 // requests at once and then one every 30 seconds, across every replica.
 // The key function returns the token's id, never the raw token.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil { // pglimit's tables, in the schema pglimit
+		log.Fatal(err)
+	}
 
 	tokens := map[string]string{"alice-token": "token-17"} // raw token -> id
 	limiter, err := ratelimit.New(pool, ratelimit.Options{
@@ -33,7 +40,7 @@ func Example() {
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 2, Window: time.Minute}},
 	})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	api := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
@@ -56,10 +63,15 @@ func Example() {
 // Outside HTTP — a job runner, a queue consumer — AcquireN spends a
 // weighted cost under several policies at once, all or nothing.
 func ExampleLimiter_AcquireN() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil { // pglimit's tables, in the schema pglimit
+		log.Fatal(err)
+	}
 
 	exports, err := ratelimit.New(pool, ratelimit.Options{
 		Name: "exports",
@@ -70,9 +82,8 @@ func ExampleLimiter_AcquireN() {
 		},
 	})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	ctx := context.Background()
 	for _, rows := range []int{4, 5, 4} { // a unit per 1,000 rows exported
 		p, err := exports.AcquireN(ctx, "tenant-42", rows, nil)
 		var refused *ratelimit.LimitError
@@ -80,7 +91,7 @@ func ExampleLimiter_AcquireN() {
 		case errors.As(err, &refused):
 			fmt.Printf("cost %d refused by %v\n", rows, refused.Violated)
 		case err != nil:
-			panic(err)
+			log.Fatal(err) // the database could not decide
 		default:
 			fmt.Printf("cost %d granted, %d left today\n", rows, p.Policies[1].Remaining)
 		}

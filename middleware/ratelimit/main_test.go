@@ -6,4 +6,4 @@ import (
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

@@ -6,12 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// maxLimit bounds a Policy's Limit and Burst.
-//
-// TODO(api-shape): pglimit.MaxLimit once the root package is on main.
-const maxLimit = 10000
+	"github.com/pglimit/pglimit"
+)
 
 // MaxWindow bounds a Policy's Window.
 const MaxWindow = 366 * 24 * time.Hour
@@ -39,12 +36,12 @@ type Policy struct {
 	// different names. Required.
 	Name string
 	// Limit is the sustained number of units allowed per Window (the
-	// header's q): 1..10000. Required.
+	// header's q): 1..pglimit.MaxLimit. Required.
 	Limit int
 	// Window is the period of Limit (the header's w): a whole number of
 	// seconds, from one second to MaxWindow. Required.
 	Window time.Duration
-	// Burst is the most units a key may spend at once: 1..10000.
+	// Burst is the most units a key may spend at once: 1..pglimit.MaxLimit.
 	// Default Limit.
 	Burst int
 }
@@ -105,14 +102,14 @@ func checkPolicies(ps []Policy) error {
 				return policyError("two policies named %q", p.Name)
 			}
 		}
-		if p.Limit < 1 || p.Limit > maxLimit {
-			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, maxLimit)
+		if p.Limit < 1 || p.Limit > pglimit.MaxLimit {
+			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, pglimit.MaxLimit)
 		}
 		if p.Window < time.Second || p.Window > MaxWindow || p.Window%time.Second != 0 {
 			return policyError("policy %q: Window %v is not a whole number of seconds within 1s..%v", p.Name, p.Window, MaxWindow)
 		}
-		if p.Burst < 0 || p.Burst > maxLimit {
-			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, maxLimit)
+		if p.Burst < 0 || p.Burst > pglimit.MaxLimit {
+			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, pglimit.MaxLimit)
 		}
 	}
 	return nil
@@ -156,8 +153,8 @@ func ParseRate(s string) (limit int, window time.Duration, ok bool, err error) {
 		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: the unit is s, m or h", s)
 	}
 	limit, err = strconv.Atoi(n)
-	if err != nil || limit < 1 || limit > maxLimit {
-		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, maxLimit)
+	if err != nil || limit < 1 || limit > pglimit.MaxLimit {
+		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, pglimit.MaxLimit)
 	}
 	return limit, window, true, nil
 }

@@ -71,6 +71,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/dberr"
 )
 
 // Defaults of Options.
@@ -268,11 +269,11 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 }
 
 // AcquireN spends cost units of key's rate under policies (nil:
-// Options.Policies), all or nothing. It returns a *LimitError when a
-// policy has no room for cost (in dry run: a Permit with Refusal set), an
+// Options.Policies), all or nothing. It returns a *LimitError (matching
+// pglimit.ErrLimited) when a policy has no room for cost (in dry run: a Permit with Refusal set), an
 // error matching ErrInvalidPolicy for policies that cannot be used, and a
-// database error when the decision could not be made (FailOpen is the
-// Handler's; AcquireN always returns the error).
+// database error (pglimit.Classify tells which) when the decision could
+// not be made: FailOpen is the Handler's; AcquireN always returns it.
 func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies []Policy) (*Permit, error) {
 	if key == "" {
 		return nil, errors.New("ratelimit: empty key")
@@ -357,8 +358,15 @@ type decision struct {
 // policy, and APIRequestWindowDecide for several or when the key's row
 // holds other policies too.
 func (l *Limiter) decide(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	d, err := l.decideOn(ctx, key, cost, policies)
+	// A decision stopped by the limiter's own Timeout is a database that
+	// did not answer in time (pglimit.ClassUnavailable).
+	return d, dberr.OwnTimeout(ctx, err)
+}
+
+func (l *Limiter) decideOn(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
 	if len(policies) == 1 && !l.generalOnly {
 		p := policies[0]
 		row, err := l.q.APIRequestWindowDecideOne(ctx, l.pool, &db.APIRequestWindowDecideOneParams{

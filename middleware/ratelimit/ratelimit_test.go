@@ -20,6 +20,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/problem"
@@ -178,8 +179,8 @@ func TestBurstThenRefusal(t *testing.T) {
 	for range 3 {
 		_, err := l.Acquire(ctx, "alice")
 		var le *ratelimit.LimitError
-		if !errors.As(err, &le) {
-			t.Fatalf("after the burst: %v, want a *LimitError", err)
+		if !errors.As(err, &le) || !errors.Is(err, pglimit.ErrLimited) {
+			t.Fatalf("after the burst: %v, want a *LimitError matching pglimit.ErrLimited", err)
 		}
 		if le.Policies[0].Remaining != 0 || !cmp.Equal(le.Violated, []string{"hourly"}) || le.Limit != 5 {
 			t.Errorf("refusal %+v", le)
