@@ -16,7 +16,7 @@ func browser(t *testing.T) context.Context {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatalf("no chromium on PATH: install Debian's chromium package (apt-get install chromium); .ci/run does")
+		t.Fatalf("no chromium on PATH: install Debian's chromium package (apt-get install chromium); make test does when run as root")
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
