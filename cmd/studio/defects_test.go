@@ -4,8 +4,10 @@ package main_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,5 +70,63 @@ func TestClientGoneIsNotAServerError(t *testing.T) {
 		if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, "database unavailable") || strings.Contains(line, "internal error") {
 			t.Errorf("a client that went away was logged as a server failure: %s", line)
 		}
+	}
+}
+
+// TestConsolePoolFollowsTheSharedCaps: the console's own pool (a login as
+// studio_console) is no hidden per-replica limit under the shared permits.
+// With an installation cap of 4 (-pool-max-conns 16) and a per-user cap of
+// 2, three users send two long console statements each to one replica:
+// pg_stat_activity sees exactly 4 run at once — the installation cap —
+// and the other 2 are refused 429 with scope installation. Before, the
+// pool held max(2, -sql-console-cap) = 2 connections, so only 2 ran and
+// the other granted statements queued for a connection inside their time
+// bound.
+func TestConsolePoolFollowsTheSharedCaps(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Cluster(t)
+	admin := pgtest.Pool(t, c.URL("postgres"), 1)
+	if _, err := admin.Exec(context.Background(), `CREATE DATABASE studio`); err != nil {
+		t.Fatal(err)
+	}
+	procs := studioOn(t, c.URL("studio"), 1, "-pool-max-conns", "16", "-sql-console-cap", "2", "-sql-console-time", "30s")
+	url := procs[0].URL + "/api/sql"
+	r := call(t, http.MethodPost, url, "alice-token", console("SELECT session_user"))
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), "studio_console") {
+		t.Fatalf("the console does not log in as studio_console, so its own pool is not under test: %d %s", r.Status, r.Body)
+	}
+	const marker = "probe-console-pool"
+	stop := observePeak(t, c.URL("postgres"), marker)
+	var (
+		mu       sync.Mutex
+		statuses = map[string]int{}
+		wg       sync.WaitGroup
+	)
+	for _, token := range []string{"alice-token", "alice-token", "bob-token", "bob-token", "carol-token", "carol-token"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := send(context.Background(), http.MethodPost, url, token, console("SELECT pg_sleep(5), '"+marker+"'"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			key := fmt.Sprint(r.Status)
+			if r.Status == http.StatusTooManyRequests {
+				key += " " + fmt.Sprint(r.json(t)["scope"])
+			}
+			mu.Lock()
+			statuses[key]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	peak := stop()
+	t.Logf("answers %v, peak running %d", statuses, peak)
+	if peak != 4 {
+		t.Errorf("pg_stat_activity saw at most %d console statements at once; the installation cap is 4", peak)
+	}
+	if statuses["200"] != 4 || statuses["429 installation"] != 2 {
+		t.Errorf("answers %v, want 4 × 200 and 2 × 429 scope installation", statuses)
 	}
 }

@@ -196,7 +196,11 @@ func (a *App) setupConsole(ctx context.Context) error {
 func (a *App) openConsole(ctx context.Context, url, want string) (*pgxpool.Pool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := openPool(ctx, url, max(2, a.cfg.SQLConsoleCap), a.cfg.ReplicaName+" console")
+	// Every console statement holds an installation permit, and those bound
+	// all heavy requests of all replicas: one replica may run as many
+	// console statements at once as the installation cap, and its pool is
+	// that size, so the shared caps decide, never a hidden per-replica one.
+	pool, err := openPool(ctx, url, a.installationCap(), a.cfg.ReplicaName+" console")
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +264,7 @@ func (a *App) setupLimits() error {
 	heavyEndpoint := func(name string, limit int, bound time.Duration, rows int) (*heavy.Limiter, error) {
 		return heavy.New(a.primary, heavy.Options{
 			Name: name, Key: userOf, Limit: limit, Time: bound, Rows: rows,
-			InstallationLimit: heavy.DefaultInstallationLimit(int32(cfg.PoolMaxConns)),
+			InstallationLimit: a.installationCap(),
 			Replica:           cfg.ReplicaName,
 			Logger:            a.log,
 		})
@@ -332,6 +336,10 @@ func (a *App) setupLimits() error {
 	})
 	return err
 }
+
+// installationCap is the cap over all heavy requests of all replicas:
+// max(1, -pool-max-conns / 4).
+func (a *App) installationCap() int { return heavy.DefaultInstallationLimit(int32(a.cfg.PoolMaxConns)) }
 
 // Handler is the service's HTTP handler.
 func (a *App) Handler() http.Handler { return a.handler }
