@@ -5,11 +5,14 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
@@ -128,5 +131,87 @@ func TestConsolePoolFollowsTheSharedCaps(t *testing.T) {
 	}
 	if statuses["200"] != 4 || statuses["429 installation"] != 2 {
 		t.Errorf("answers %v, want 4 × 200 and 2 × 429 scope installation", statuses)
+	}
+}
+
+// TestExportFailuresAreAudited: an export that does not end with its mark
+// still leaves an audit.export event, partial, with what stopped it: the
+// time bound before any row (503: bound TIME, 0 rows), the database lost
+// mid-stream (its backend terminated: reason database-unavailable), the
+// client gone mid-stream (reason client-gone).
+func TestExportFailuresAreAudited(t *testing.T) {
+	t.Parallel()
+	procs, dbURL := studio(t, 1, "-export-time", "1s")
+	base := procs[0].URL
+	obs := pgtest.Pool(t, dbURL, 2)
+	ctx := context.Background()
+	lastExport := func(actor string) map[string]any {
+		var detail map[string]any
+		waitFor(t, 10*time.Second, "the audit.export event of "+actor, func() bool {
+			err := obs.QueryRow(ctx, `SELECT detail FROM audit_event WHERE action = 'audit.export' AND actor = $1 ORDER BY id DESC LIMIT 1`, actor).Scan(&detail)
+			return err == nil
+		})
+		return detail
+	}
+
+	// The time bound before any row: the export's read waits on a lock.
+	tx, err := obs.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE audit_event IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan *response, 1)
+	go func() { answer <- call(t, http.MethodGet, base+"/api/audit/export", "alice-token", nil) }()
+	// The export's read stops at its bound; then its audit.export event
+	// waits on the same lock, until the test lets it go.
+	waitFor(t, 10*time.Second, "the audit.export event waiting on the lock", func() bool {
+		return count(obs, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO audit_event%'`) > 0
+	})
+	_ = tx.Rollback(ctx)
+	r := <-answer
+	r.problemOf(t, http.StatusServiceUnavailable, "heavy-request-timed-out")
+	want := map[string]any{"rows": float64(0), "partial": true, "bound": "TIME", "limit": "1s"}
+	if got := lastExport("alice"); !cmp.Equal(got, want) {
+		t.Errorf("audit.export of a 503: %v, want %v", got, want)
+	}
+
+	// Mid-stream: a client that reads slowly keeps the export running
+	// while the test ends it, by terminating its backend or by leaving.
+	for _, tc := range []struct {
+		actor, token, reason string
+		end                  func(cancel func())
+	}{
+		{"bob", "bob-token", "database-unavailable", func(func()) {
+			if _, err := obs.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE query LIKE '%FROM audit_event%ORDER BY occurred_at%' AND pid <> pg_backend_pid() AND state <> 'idle'`); err != nil {
+				t.Error(err)
+			}
+		}},
+		{"carol", "carol-token", "client-gone", func(cancel func()) { cancel() }},
+	} {
+		reqCtx, cancel := context.WithCancel(ctx)
+		req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, base+"/api/audit/export", nil)
+		req.Header.Set("Authorization", "Bearer "+tc.token)
+		resp, err := smallBufferClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := resp.Body.Read(make([]byte, 512)); err != nil {
+			t.Fatal(err)
+		}
+		tc.end(cancel)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		got := lastExport(tc.actor)
+		if got["partial"] != true || got["reason"] != tc.reason || got["bound"] != nil {
+			t.Errorf("audit.export of an export that ended with %s: %v", tc.reason, got)
+		}
+		if rows, _ := got["rows"].(float64); rows <= 0 || rows >= 100000 {
+			t.Errorf("audit.export of an export that ended with %s: rows %v", tc.reason, got["rows"])
+		}
 	}
 }

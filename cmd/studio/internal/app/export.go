@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/readroute"
@@ -53,8 +54,10 @@ func timeRange(w http.ResponseWriter, r *http.Request) (from, to time.Time, ok b
 
 // handleExport streams the audit history as CSV (GET /api/audit/export),
 // oldest first, until the rows end, the row cap or the time bound, and
-// ends it with the mark line; the export records itself as an audit event
-// with its rows and, when partial, the bound that stopped it.
+// ends it with the mark line. Every export records itself as an audit
+// event with its rows and, when partial, the bound that stopped it or, for
+// one that failed (a 503 before any row, the database or the client lost
+// mid-stream), the reason.
 func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	from, to, ok := timeRange(w, r)
 	if !ok {
@@ -91,12 +94,20 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 			return a.streamExport(ctx, tx, from, to, b, &mark, cw, rc, start)
 		})
 	})
+	var te *heavy.TimeoutError
+	if err != nil && !started && errors.As(err, &te) {
+		// The bound stopped the read before it had a row: a 503 and, in the
+		// audit trail, an export stopped by its time bound with no rows.
+		mark, err = heavy.Mark{Bound: heavy.BoundTime, Limit: heavy.FormatLimit(te.Limit)}, nil
+	}
 	if err != nil && !started {
 		a.heavyError(w, r, err)
+		a.recordExport(ctx, from, to, mark, exportFailure(r, err))
 		return
 	}
-	if err == nil && mark.Bound == heavy.BoundTime && mark.Rows == 0 {
+	if mark.Bound == heavy.BoundTime && mark.Rows == 0 {
 		heavy.WriteError(w, r, &heavy.TimeoutError{Endpoint: b.Endpoint, Limit: b.Time})
+		a.recordExport(ctx, from, to, mark, "")
 		return
 	}
 	if err != nil {
@@ -106,15 +117,48 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &mid) {
 			err = mid.err
 		}
-		a.log.WarnContext(ctx, "audit export failed mid-stream", "rows", mark.Rows, "err", err)
+		reason := exportFailure(r, err)
+		if reason != reasonClientGone {
+			a.log.WarnContext(ctx, "audit export failed mid-stream", "rows", mark.Rows, "reason", reason, "err", err)
+		}
 		cw.Flush()
+		a.recordExport(ctx, from, to, mark, reason)
 		return
 	}
 	start()
 	cw.Flush()
 	_, _ = w.Write([]byte(mark.String() + "\n"))
-	a.recordExport(ctx, from, to, mark)
+	a.recordExport(ctx, from, to, mark, "")
 }
+
+// Reasons an export failed, as its audit.export event names them.
+const (
+	reasonClientGone  = "client-gone"          // the client went away
+	reasonWriteFailed = "write-failed"         // the client could not be written to (stopped reading)
+	reasonUnavailable = "database-unavailable" // the database could not be reached or went away
+	reasonError       = "error"                // anything else; the log has the error
+)
+
+// exportFailure names why the export r failed with err.
+func exportFailure(r *http.Request, err error) string {
+	var we *writeError
+	c := classOf(r, err)
+	switch {
+	case c == pglimit.ClassCanceled:
+		return reasonClientGone
+	case errors.As(err, &we):
+		return reasonWriteFailed
+	case c == pglimit.ClassUnavailable || c == pglimit.ClassTimeout:
+		return reasonUnavailable
+	}
+	return reasonError
+}
+
+// writeError is a failed write of the export to its client.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "writing the export: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
 
 // streamExport writes the rows of one export attempt to cw, starting the
 // response at the first row (start reports whether it had started before).
@@ -136,13 +180,16 @@ func (a *App) streamExport(ctx context.Context, tx pgx.Tx, from, to time.Time, b
 		}
 		start()
 		if err := cw.Write([]string{strconv.FormatInt(id, 10), at.UTC().Format(time.RFC3339Nano), actor, action, target}); err != nil {
-			return err
+			return &writeError{err}
 		}
 		if written++; written%1000 == 0 {
 			cw.Flush()
 			_ = rc.Flush()
 		}
-		return cw.Error()
+		if err := cw.Error(); err != nil {
+			return &writeError{err}
+		}
+		return nil
 	})
 	if err != nil && written > 0 {
 		// Rows went out already: the read must not be run again on the
@@ -159,13 +206,18 @@ type midStreamError struct{ err error }
 func (e *midStreamError) Error() string { return "export failed after rows were written" }
 
 // recordExport writes the audit.export event on the primary, after the
-// bound: its context outlives the request's.
-func (a *App) recordExport(ctx context.Context, from, to time.Time, m heavy.Mark) {
+// bound: its context outlives the request's. The detail holds rows and
+// partial; the bound and its limit when one stopped the export; the reason
+// (reasonClientGone, ...) when it failed, which makes it partial.
+func (a *App) recordExport(ctx context.Context, from, to time.Time, m heavy.Mark, failed string) {
 	id, _ := IdentityFrom(ctx)
-	detail := map[string]any{"rows": m.Rows, "partial": m.Partial()}
+	detail := map[string]any{"rows": m.Rows, "partial": m.Partial() || failed != ""}
 	if m.Partial() {
 		detail["bound"] = m.Bound
 		detail["limit"] = m.Limit
+	}
+	if failed != "" {
+		detail["reason"] = failed
 	}
 	if !from.Equal(beginningOfTime) {
 		detail["from"] = from
