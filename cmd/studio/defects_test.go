@@ -216,3 +216,23 @@ func TestExportFailuresAreAudited(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsWithoutReadReplica: without -read-replica-url the operator
+// view says readReplicaHealthy null — present, never left out — and the
+// history reads do not claim the replica served them.
+// (TestFaultReadReplica covers true and false with a replica.)
+func TestLimitsWithoutReadReplica(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 1)
+	r := call(t, http.MethodGet, procs[0].URL+"/api/limits", "alice-token", nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("/api/limits: %d %s", r.Status, r.Body)
+	}
+	m := r.json(t)
+	if h, ok := m["readReplicaHealthy"]; !ok || h != nil {
+		t.Errorf("readReplicaHealthy without a read replica: %v (present %v), want null", h, ok)
+	}
+	if h := call(t, http.MethodGet, procs[0].URL+"/api/events?size=1", "alice-token", nil).json(t)["mayLag"]; h != false {
+		t.Errorf("mayLag without a read replica: %v", h)
+	}
+}

@@ -464,7 +464,19 @@ func TestFaultReadReplica(t *testing.T) {
 		}
 		return r.Header.Get("X-May-Lag")
 	}
+	// The operator view says whether the replica serves (true/false).
+	replicaHealthy := func() any {
+		t.Helper()
+		r := call(t, http.MethodGet, base+"/api/limits", "alice-token", nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("/api/limits: %d %s", r.Status, r.Body)
+		}
+		return r.json(t)["readReplicaHealthy"]
+	}
 	waitFor(t, 20*time.Second, "reads served by the replica", func() bool { return all(lagFlags(), true) })
+	if h := replicaHealthy(); h != true {
+		t.Fatalf("/api/limits readReplicaHealthy %v while the replica serves, want true", h)
+	}
 	if exportLag() != "true" {
 		t.Fatal("the export served by the replica does not say it may lag")
 	}
@@ -531,11 +543,17 @@ func TestFaultReadReplica(t *testing.T) {
 		if pageLag() {
 			t.Fatalf("%s: the /audit page from the primary shows the replica notice", stop.name)
 		}
+		if h := replicaHealthy(); h != false {
+			t.Fatalf("%s: /api/limits readReplicaHealthy %v while the replica is down, want false", stop.name, h)
+		}
 
 		if err := replica.Restart(ctx); err != nil {
 			t.Fatal(err)
 		}
 		back := waitFor(t, 15*time.Second, stop.name+": reads return to the replica", func() bool { return all(lagFlags(), true) })
+		if h := replicaHealthy(); h != true {
+			t.Fatalf("%s: /api/limits readReplicaHealthy %v once the replica serves again, want true", stop.name, h)
+		}
 		if !pageLag() {
 			t.Fatalf("%s: the /audit page from the restarted replica shows no notice", stop.name)
 		}

@@ -41,13 +41,16 @@ type limitsResponse struct {
 	Replicas        []replicaRow  `json:"replicas"`
 	ReadyReplicas   int           `json:"readyReplicas"`
 	InstallationCap int           `json:"installationCap"`
-	ReadReplica     *bool         `json:"readReplicaHealthy,omitempty"`
+	// ReadReplica is whether the read replica answers its health check
+	// (history reads go to it while it does); null without one.
+	ReadReplica *bool `json:"readReplicaHealthy"`
 }
 
 // handleLimits is the operator view (GET /api/limits): every live permit,
 // throttle, upload window and in-flight row, as plain rows of the limit
 // tables, and the replica registry. It always reads the primary: UNLOGGED
-// tables are not replicated.
+// tables are not replicated. readReplicaHealthy says whether the read
+// replica (-read-replica-url) serves history reads now; null without one.
 func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	resp := limitsResponse{
