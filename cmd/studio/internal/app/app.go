@@ -309,6 +309,7 @@ func (a *App) setupLimits() error {
 		return err
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{
+		Key:         signInKey,
 		MaxFailures: cfg.SignInFailures,
 		Window:      cfg.SignInWindow,
 		Strict:      cfg.SignInStrict,

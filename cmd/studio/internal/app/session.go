@@ -3,6 +3,7 @@ package app
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -25,6 +26,25 @@ var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("not a password of anyone"
 type sessionRequest struct {
 	Username string `json:"username"`
 	Password string `json:"password"`
+}
+
+// signInKey keys the sign-in throttle on the username of the JSON body,
+// normalised as signin.UsernameKey does, whatever the Content-Type says:
+// the service reads every JSON body that way (decodeJSON), and curl -d
+// sends a form type. A body that is not a JSON object with a username is
+// refused by the throttle with 400 invalid-sign-in-request.
+func signInKey(r *http.Request) (string, error) {
+	var req struct {
+		Username *string `json:"username"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Username == nil {
+		return "", signin.ErrNoKey
+	}
+	username := signin.NormalizeUsername(*req.Username)
+	if username == "" {
+		return "", signin.ErrNoKey
+	}
+	return "username:" + username, nil
 }
 
 // handleSession signs in (POST /api/session) behind the sign-in throttle:
