@@ -84,3 +84,29 @@ func readPage(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) 
 	}
 	return page, rows.Err()
 }
+
+// counterUpsertSQL is the floor of any counter kept in PostgreSQL: one
+// UNLOGGED row per key, bumped by one INSERT ... ON CONFLICT DO UPDATE
+// ... RETURNING on its primary key, as a rate-limit decision is, with no
+// logic at all.
+const counterUpsertSQL = `INSERT INTO bench_counter AS c (key, n, at) VALUES ($1, 1, now())
+	ON CONFLICT (key) DO UPDATE SET n = c.n + 1, at = now()
+	RETURNING n, at`
+
+// BuildCounter makes the UNLOGGED table bench_counter(key, n, at) of the
+// one-row upsert baseline, if it is not there.
+func BuildCounter(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS bench_counter (
+		key text PRIMARY KEY, n bigint NOT NULL, at timestamptz NOT NULL)`)
+	if err != nil {
+		return fmt.Errorf("bench_counter: %w", err)
+	}
+	return nil
+}
+
+// upsertCounter runs the one-row upsert for key.
+func upsertCounter(ctx context.Context, pool *pgxpool.Pool, key string) error {
+	var n int64
+	var at time.Time
+	return pool.QueryRow(ctx, counterUpsertSQL, key).Scan(&n, &at)
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/nodelimit"
@@ -59,6 +60,12 @@ const (
 	NameSelect1   = "SELECT 1 (floor)"
 	NameSemaphore = "in-process semaphore"
 	NameRedisRate = "redis_rate Allow"
+	// NameUpsert is the floor of any counter kept in PostgreSQL.
+	NameUpsert = "one-row upsert (floor)"
+	// NameRateLimit and NameRateLimit2 are the rate limit's decisions,
+	// with one policy and with two.
+	NameRateLimit  = "rate limit decision"
+	NameRateLimit2 = "rate limit, two policies"
 	// NameNode is the node limiter's path, the one limit path without a
 	// database round trip.
 	NameNode = "node limiter call"
@@ -79,6 +86,7 @@ type Suite struct {
 	failure *signin.Limiter
 	upload  *upload.Limiter
 	flight  *inflight.Limiter
+	rate    *ratelimit.Limiter
 	node    *nodelimit.Node
 	nodes   *nodelimit.Limiter
 	sem     *semaphore.Weighted
@@ -130,6 +138,17 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	if s.node, err = s.nodes.Node("bench"); err != nil {
 		return nil, err
 	}
+	if err := BuildCounter(ctx, pool); err != nil {
+		return nil, err
+	}
+	// The rate limit's policies are the most a policy allows: with a key
+	// per loop, nothing is refused and what is measured is a grant.
+	if s.rate, err = ratelimit.New(pool, ratelimit.Options{
+		Name: "bench", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Policies: []ratelimit.Policy{RatePolicies[0]},
+	}); err != nil {
+		return nil, err
+	}
 	s.sem = semaphore.NewWeighted(64)
 	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
 		return nil, err
@@ -150,13 +169,30 @@ func (s *Suite) Close() {
 	}
 }
 
-// Baselines are SELECT 1 on the pool, the in-process semaphore and, when
-// Redis answers, redis_rate.
+// RatePolicies are the policies of the rate limit paths (the first alone,
+// or both): as high as a policy goes, and each loop spreads its requests
+// over RateKeys keys, so a loop is never refused.
+var RatePolicies = []ratelimit.Policy{
+	{Name: "first", Limit: 10000, Window: time.Second},
+	{Name: "second", Limit: 10000, Window: time.Second},
+}
+
+// RateKeys is the number of keys each loop of a rate limit path takes
+// turns on.
+const RateKeys = 4
+
+// Baselines are SELECT 1 on the pool, the one-row upsert, the in-process
+// semaphore and, when Redis answers, redis_rate.
 func (s *Suite) Baselines() []Path {
 	ps := []Path{
 		{Name: NameSelect1, Kind: Baseline, What: "db.SessionPing: one SELECT 1 round trip on the same pool",
 			New: func(int) (Op, error) {
 				return func(ctx context.Context) error { return db.New().SessionPing(ctx, s.Pool) }, nil
+			}},
+		{Name: NameUpsert, Kind: Baseline, What: "INSERT ... ON CONFLICT DO UPDATE ... RETURNING bumping one UNLOGGED row of the loop's key: the floor of any counter kept in PostgreSQL, with no logic",
+			New: func(w int) (Op, error) {
+				key := "bench-" + s.run + "-" + strconv.Itoa(w)
+				return func(ctx context.Context) error { return upsertCounter(ctx, s.Pool, key) }, nil
 			}},
 		{Name: NameSemaphore, Kind: Baseline, What: "golang.org/x/sync/semaphore Acquire(1) + Release(1): one replica's in-memory cap",
 			New: func(int) (Op, error) {
@@ -239,11 +275,37 @@ func (s *Suite) Limits() []Path {
 					return p.Release(ctx)
 				}, nil
 			}},
+		{Name: NameRateLimit, Kind: Limit, What: "ratelimit.Limiter.Acquire of the loop's key under one policy: one INSERT ... ON CONFLICT DO UPDATE ... RETURNING (APIRequestWindowDecideOne), remaining and reset derived",
+			New: func(w int) (Op, error) {
+				keys, i := rateKeys("one-"+user(w)), 0
+				return func(ctx context.Context) error {
+					i++
+					_, err := s.rate.Acquire(ctx, keys[i%RateKeys])
+					return err
+				}, nil
+			}},
+		{Name: NameRateLimit2, Kind: Limit, What: "ratelimit.Limiter.AcquireN of the loop's key under two policies, all or nothing: one statement (APIRequestWindowDecide)",
+			New: func(w int) (Op, error) {
+				keys, i := rateKeys("two-"+user(w)), 0
+				return func(ctx context.Context) error {
+					i++
+					_, err := s.rate.AcquireN(ctx, keys[i%RateKeys], 1, RatePolicies)
+					return err
+				}, nil
+			}},
 		{Name: NameNode, Kind: Limit, What: "nodelimit Node.Wait with rate.Inf: the limiter's own cost per broker call (no database)",
 			New: func(int) (Op, error) {
 				return func(ctx context.Context) error { return s.node.Wait(ctx, nodelimit.KindRead) }, nil
 			}},
 	}
+}
+
+func rateKeys(prefix string) []string {
+	keys := make([]string, RateKeys)
+	for i := range keys {
+		keys[i] = prefix + "-" + strconv.Itoa(i)
+	}
+	return keys
 }
 
 // Pages are a 50-row page at each depth that fits in the fixture, by keyset

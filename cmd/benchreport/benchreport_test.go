@@ -22,7 +22,7 @@ func TestReport(t *testing.T) {
 	dir := t.TempDir()
 	out, chart := filepath.Join(dir, "BENCHMARKS.md"), filepath.Join(dir, "docs", "bench.svg")
 	err := run([]string{"-database-url", pgtest.URL(t), "-duration", "30ms", "-rows", "12000", "-clients", "1,4",
-		"-alloc-runs", "20", "-out", out, "-chart", chart})
+		"-alloc-runs", "20", "-rate-rounds", "2", "-out", out, "-chart", chart})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,6 +34,8 @@ func TestReport(t *testing.T) {
 		"| *SELECT 1 (floor)* | 1 |", "| *in-process semaphore* | 4 |",
 		"| heavy claim+release | 1 |", "| sign-in check | 4 |", "| failure record | 1 |", "| upload claim | 4 |",
 		"| in-flight claim+release | 1 |", "| node limiter call | 4 |",
+		"| *one-row upsert (floor)* | 1 |", "| rate limit decision | 4 |", "| rate limit, two policies | 1 |",
+		"## The rate limit beside redis_rate", "| path | p50, 1 client(s) | ÷ redis_rate | ÷ SELECT 1 | ÷ upsert | ops/s, 4 clients |",
 		"| 0 | 1 |", "| 10,000 | 4 |", // page depths that fit in 12,000 rows
 		"| heavy: unidentified (passes) |", "| signin: no username (400) |", "| cursor: parse + next |",
 		"![p50 and p99 latency", "(docs/bench.svg)", "**Machine:**",
@@ -71,7 +73,7 @@ func TestFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"-clients", "0"}, {"-clients", "1,x"}, {"-duration", "0s"}, {"-duration", "2m"},
-		{"-rows", "10"}, {"-alloc-runs", "0"}, {"-out", ""}, {"extra"},
+		{"-rows", "10"}, {"-alloc-runs", "0"}, {"-rate-rounds", "-1"}, {"-out", ""}, {"extra"},
 	} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)

@@ -13,14 +13,22 @@
 // Each client warms up with one unrecorded operation. The paths are:
 //
 //   - baselines: SELECT 1 on the same pool (the floor of anything counted
-//     in PostgreSQL), an in-process semaphore (what one replica would use),
+//     in PostgreSQL), a one-row upsert (the floor of any counter kept in
+//     PostgreSQL), an in-process semaphore (what one replica would use),
 //     and go-redis/redis_rate Allow on the Redis at -redis (what a team
 //     would pick instead; skipped, with a note, when it does not answer);
 //   - pglimit: heavy claim+release, sign-in check, failure record, upload
-//     claim, in-flight claim+release, node limiter call — each through its
-//     package's public API, nothing refused;
+//     claim, in-flight claim+release, the rate limit's decision under one
+//     policy and under two, node limiter call — each through its package's
+//     public API, nothing refused;
 //   - pages: a 50-row page by keyset and by OFFSET at depths 0, 10k, 100k,
 //     1M and 1.99M of a -rows table.
+//
+// The rate limit's decisions are then measured again beside redis_rate,
+// SELECT 1 and the upsert in -rate-rounds interleaved rounds (each round
+// runs each of them for half of -duration, starting with a different one
+// each round), and the report gives the medians of the rounds: p50 at the
+// lowest client count and throughput at the highest, as ratios.
 //
 // It also counts the heap allocations per request of each middleware on
 // its path that never reaches the database, and of each database path with
@@ -73,6 +81,7 @@ type options struct {
 	redis       string
 	out, chart  string
 	allocRuns   int
+	rateRounds  int
 }
 
 func parse(args []string) (*options, error) {
@@ -86,6 +95,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "report to write")
 	fs.StringVar(&o.chart, "chart", "docs/bench-latency.svg", "chart to write (linked from the report by its path relative to it)")
 	fs.IntVar(&o.allocRuns, "alloc-runs", 1000, "runs of each allocation count")
+	fs.IntVar(&o.rateRounds, "rate-rounds", 5, "interleaved rounds of the rate limit's comparison with redis_rate (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -106,6 +116,8 @@ func parse(args []string) (*options, error) {
 		return nil, errors.New("-rows must be 0 or from 50 to 50,000,000")
 	case o.allocRuns < 1:
 		return nil, errors.New("-alloc-runs must be at least 1")
+	case o.rateRounds < 0 || o.rateRounds > 100:
+		return nil, errors.New("-rate-rounds must be from 0 to 100")
 	case o.out == "" || o.chart == "":
 		return nil, errors.New("-out and -chart are required")
 	}
@@ -212,6 +224,10 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 		}
 	}
 
+	if err := rateRounds(ctx, o, rep, append(suite.Baselines(), suite.Limits()...), logf); err != nil {
+		return nil, err
+	}
+
 	cases, cleanup, err := bench.NoDBCases()
 	if err != nil {
 		return nil, err
@@ -242,6 +258,49 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 	rep.Finished = time.Now()
 	rep.LoadAfter = loadAvg()
 	return rep, nil
+}
+
+// RatePaths are the paths of the rate limit's comparison, in the order of
+// its table: the baselines, then the decisions.
+var RatePaths = []string{bench.NameRedisRate, bench.NameSelect1, bench.NameUpsert, bench.NameRateLimit, bench.NameRateLimit2}
+
+// rateRounds measures the rate limit's decisions beside redis_rate, SELECT
+// 1 and the one-row upsert again, in interleaved rounds: each round runs
+// every one of them for a share of -duration, starting with a different
+// one each round, so that what else the machine does falls on all of them
+// alike; the report takes the median of the rounds.
+func rateRounds(ctx context.Context, o *options, rep *Report, all []bench.Path, logf func(string, ...any)) error {
+	if o.rateRounds == 0 {
+		return nil
+	}
+	var paths []bench.Path
+	for _, name := range RatePaths {
+		for _, p := range all {
+			if p.Name == name {
+				paths = append(paths, p)
+			}
+		}
+	}
+	each := max(o.duration/2, time.Millisecond)
+	for _, clients := range o.clients {
+		for round := range o.rateRounds {
+			for i := range paths {
+				p := paths[(i+round)%len(paths)]
+				r, err := bench.Measure(ctx, clients, each, 0, p.New)
+				if err != nil {
+					return fmt.Errorf("%s at %d clients: %w", p.Name, clients, err)
+				}
+				rep.RateRounds = append(rep.RateRounds, Measured{Path: p, Result: r})
+			}
+		}
+		for _, p := range paths {
+			if m, ok := rep.rateMedian(p.Name, clients); ok {
+				logf("rate comparison: %-26s %3d clients  p50 %-10v %9.0f ops/s  (medians of %d rounds)", p.Name, clients,
+					m.P50.Round(time.Microsecond), m.Ops, o.rateRounds)
+			}
+		}
+	}
+	return nil
 }
 
 // machine describes the machine the run is on.

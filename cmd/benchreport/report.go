@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,35 @@ type Report struct {
 	Results               []Measured
 	NoDB                  []Allocs
 	WithDB                []Allocs
+	// RateRounds are the interleaved rounds of the rate limit's
+	// comparison, every round of every path at every client count.
+	RateRounds []Measured
+}
+
+// rateFigure is a path's figures in the rate limit's comparison: the
+// medians of its rounds.
+type rateFigure struct {
+	P50 time.Duration
+	Ops float64 // operations per second
+}
+
+// rateMedian is the median p50 and the median throughput of the rounds of
+// path name at clients.
+func (r *Report) rateMedian(name string, clients int) (rateFigure, bool) {
+	var p50 []time.Duration
+	var ops []float64
+	for _, m := range r.RateRounds {
+		if m.Path.Name == name && m.Result.Clients == clients {
+			p50 = append(p50, m.Result.P50)
+			ops = append(ops, m.Result.Throughput())
+		}
+	}
+	if len(p50) == 0 {
+		return rateFigure{}, false
+	}
+	slices.Sort(p50)
+	slices.Sort(ops)
+	return rateFigure{P50: p50[len(p50)/2], Ops: ops[len(ops)/2]}, true
 }
 
 // find returns the result of the path named name at clients.
@@ -159,6 +189,8 @@ func (r *Report) Markdown(chart string) string {
 	}
 	r.summary(&b, hasRedis)
 
+	r.rateSection(&b)
+
 	if r.Options.rows > 0 {
 		w("\n## History pages: keyset against OFFSET\n\n")
 		w("A 50-row page of a %s-row table ordered by (occurred_at, id) with an index on both, at each depth (rows before the page). ", groupDigits(r.Options.rows))
@@ -278,4 +310,57 @@ func numCPU(machine string) string {
 		return machine[j+1 : i]
 	}
 	return "few"
+}
+
+// rateSection writes the rate limit's comparison with redis_rate.
+func (r *Report) rateSection(b *strings.Builder) {
+	if len(r.RateRounds) == 0 {
+		return
+	}
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	cs := r.Options.clients
+	lo, hi := cs[0], cs[len(cs)-1]
+	w("\n## The rate limit beside redis_rate\n\n")
+	w("The rate limit's decisions (package `middleware/ratelimit`) and their baselines measured again in %d interleaved rounds: ", r.Options.rateRounds)
+	w("each round runs every path below for %v at each client count, starting with a different one each round, so that other work on the machine falls on all of them alike; ", max(r.Options.duration/2, time.Millisecond))
+	w("each figure is the median of the rounds. The one-row upsert is the floor of any counter kept in PostgreSQL: the same kind of statement as a decision (INSERT ... ON CONFLICT DO UPDATE ... RETURNING on one UNLOGGED row) with no logic at all.\n\n")
+	w("| path | p50, %d client(s) | ÷ redis_rate | ÷ SELECT 1 | ÷ upsert | ops/s, %d clients | ÷ redis_rate |\n|---|---:|---:|---:|---:|---:|---:|\n", lo, hi)
+	ratio := func(a, b rateFigure, ok bool, f func(rateFigure) float64) string {
+		if !ok || f(b) <= 0 {
+			return "–"
+		}
+		return formatRatio(f(a) / f(b))
+	}
+	p50 := func(x rateFigure) float64 { return float64(x.P50) }
+	ops := func(x rateFigure) float64 { return x.Ops }
+	redisLo, okRL := r.rateMedian(bench.NameRedisRate, lo)
+	redisHi, okRH := r.rateMedian(bench.NameRedisRate, hi)
+	selLo, okS := r.rateMedian(bench.NameSelect1, lo)
+	upLo, okU := r.rateMedian(bench.NameUpsert, lo)
+	for _, name := range RatePaths {
+		a, ok1 := r.rateMedian(name, lo)
+		z, ok2 := r.rateMedian(name, hi)
+		if !ok1 || !ok2 {
+			continue
+		}
+		shown := name
+		if name != bench.NameRateLimit && name != bench.NameRateLimit2 {
+			shown = "*" + name + "*"
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s |\n", shown, formatDur(a.P50), ratio(a, redisLo, okRL, p50),
+			ratio(a, selLo, okS, p50), ratio(a, upLo, okU, p50), formatOps(z.Ops), ratio(z, redisHi, okRH, ops))
+	}
+	if !okRL || !okRH {
+		w("\nThe redis_rate baseline is missing from this run: %s.\n", r.Redis)
+		return
+	}
+	d, okD := r.rateMedian(bench.NameRateLimit, lo)
+	z, okZ := r.rateMedian(bench.NameRateLimit, hi)
+	upHi, okUH := r.rateMedian(bench.NameUpsert, hi)
+	if okD && okZ && okU && okUH {
+		w("\n**In this run:** at %d client(s) a decision under one policy costs %s redis_rate's p50 and %s the one-row upsert's, which alone costs %s redis_rate's; ",
+			lo, formatRatio(p50(d)/p50(redisLo)), formatRatio(p50(d)/p50(upLo)), formatRatio(p50(upLo)/p50(redisLo)))
+		w("at %d clients decisions run at %s redis_rate's throughput, and upserts at %s. ", hi, formatRatio(z.Ops/redisHi.Ops), formatRatio(upHi.Ops/redisHi.Ops))
+		w("The upsert is the floor of a decision: any decision that holds across replicas in PostgreSQL without a lock is at least one write transaction (a transaction id, a new row version, a commit), which a Redis call is not; what the GCRA adds is the rest.\n")
+	}
 }

@@ -4,13 +4,15 @@
 -- the table ADR-0196 keeps "as it is, because it is already shared". One
 -- row per (limiter, key) holds the GCRA state of every policy of that key:
 -- policies[i] is a policy's name and tats[i] its theoretical arrival time
--- (TAT) on the database clock. A key
--- with several policies is one row, so that one INSERT ... ON CONFLICT DO
--- UPDATE judges and updates all of them at once, all or nothing, under the
--- row's lock (sql/queries/api_request_window.sql). allowed and decided_at
--- are the last decision, which the statement returns. expires_at is the
--- latest TAT: from then on the row says no more than no row at all, and
--- housekeeping may delete it.
+-- (TAT) on the database clock. A key with several policies is one row, so
+-- that one INSERT ... ON CONFLICT DO UPDATE judges and updates all of them
+-- at once, all or nothing, under the row's lock
+-- (sql/queries/api_request_window.sql). allowed and decided_at are the
+-- last decision, which the statement returns. expires_at is the latest
+-- TAT: from then on the row says no more than no row at all, and
+-- housekeeping may delete it. The two arrays have the same length: the
+-- statements keep them so (a CHECK saying it cost a fifth of a decision's
+-- time in the database).
 CREATE UNLOGGED TABLE pglimit.api_request_window (
     name       text        NOT NULL,
     key        text        NOT NULL,
@@ -19,8 +21,7 @@ CREATE UNLOGGED TABLE pglimit.api_request_window (
     allowed    boolean     NOT NULL,
     decided_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (name, key),
-    CHECK (cardinality(policies) = cardinality(tats))
+    PRIMARY KEY (name, key)
 ) WITH (fillfactor = 90);
 
 -- No index on expires_at, unlike the other limit tables: every request
