@@ -99,7 +99,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	up, err := upload.New(nowhere, upload.Options{User: none, Logger: quiet})
+	up, err := upload.New(nowhere, upload.Options{Key: none, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -167,8 +167,8 @@ func NoDBCases() ([]AllocCase, func(), error) {
 				_, _ = noName.Seek(0, io.SeekStart)
 				serve(signinH, post, http.StatusBadRequest)()
 			}},
-		{Name: "upload: no user (401)", What: "upload.Limiter.Handler, request without an identity", Run: serve(uploadH, get, http.StatusUnauthorized)},
-		{Name: "inflight: no token (401)", What: "inflight.Limiter.Handler, request without a token identity", Run: serve(flightH, get, http.StatusUnauthorized)},
+		{Name: "upload: unidentified (passes)", What: "upload.Limiter.Handler, request without an identity: passes to next uncounted", Run: serve(uploadH, get, http.StatusOK)},
+		{Name: "inflight: unidentified (passes)", What: "inflight.Limiter.Handler, request without a token identity: passes to next uncounted", Run: serve(flightH, get, http.StatusOK)},
 		{Name: "readroute: routed (200)", What: "readroute.Router.Handler choosing the healthy replica (no query)", Run: serve(routed, get, http.StatusOK)},
 		{Name: "nodelimit: Node.Wait", What: "one broker call's turn at rate.Inf, counted in studio.broker.calls",
 			Run: func() {

@@ -123,7 +123,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 		return nil, err
 	}
 	if s.upload, err = upload.New(pool, upload.Options{
-		User: func(*http.Request) (string, bool) { return "", false }, Replica: "bench", Logger: quiet,
+		Key: func(*http.Request) (string, bool) { return "", false }, Replica: "bench", Logger: quiet,
 	}); err != nil {
 		return nil, err
 	}
@@ -257,10 +257,10 @@ func (s *Suite) Limits() []Path {
 					return a.RecordFailure(ctx)
 				}, nil
 			}},
-		{Name: "upload claim", Kind: Limit, What: "upload.Limiter.Claim of a user's first slot in the window (kept, as a successful upload keeps it)",
+		{Name: "upload claim", Kind: Limit, What: "upload.Limiter.Acquire of a user's first slot in the window (kept, as a successful upload keeps it)",
 			New: func(w int) (Op, error) {
 				return func(ctx context.Context) error {
-					_, err := s.upload.Claim(ctx, user(w)+"-"+strconv.FormatInt(s.uploads.Add(1), 10))
+					_, err := s.upload.Acquire(ctx, user(w)+"-"+strconv.FormatInt(s.uploads.Add(1), 10))
 					return err
 				}, nil
 			}},
@@ -268,7 +268,7 @@ func (s *Suite) Limits() []Path {
 			New: func(w int) (Op, error) {
 				key := user(w)
 				return func(ctx context.Context) error {
-					p, err := s.flight.Acquire(ctx, key, "bench")
+					p, err := s.flight.Acquire(ctx, key)
 					if err != nil {
 						return err
 					}

@@ -31,8 +31,9 @@ func Example() {
 	}
 
 	console, err := heavy.New(pool, heavy.Options{
-		Name:  "sql-console",
-		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true }, // your user, after authentication
+		Name: "sql-console",
+		// Your user, after authentication.
+		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
 		Limit: 2, Time: 30 * time.Second, Rows: 1000,
 	})
 	if err != nil {

@@ -3,27 +3,35 @@ package inflight_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 
-// Wrap the API routes after authentication. The key function returns the
-// token's id, never the raw token.
+// Wrap the whole API. The key function returns the token's id, never the
+// raw token; a request without a token passes through uncounted (the
+// handler, or an authentication middleware, decides what to do with it).
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 
-	tokens := map[string]string{"alice-token": "token-17"} // raw token -> id
-	limiter, _ := inflight.New(pool, inflight.Options{
+	tokens := map[string]string{"alice-token": "token-17"} // raw token -> id, as your token store has it
+	limiter, err := inflight.New(pool, inflight.Options{
 		Key: func(r *http.Request) (string, bool) {
 			id, ok := tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
 			return id, ok
@@ -31,6 +39,9 @@ func Example() {
 		Limit:       1,
 		MaxDuration: time.Minute,
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	inner := make(chan int, 1)
 	var handler http.Handler
@@ -50,5 +61,11 @@ func Example() {
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 	fmt.Println("outer", rec.Code, "inner", <-inner)
-	// Output: outer 200 inner 429
+
+	rec = httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/no-token", nil))
+	fmt.Println("no token", rec.Code)
+	// Output:
+	// outer 200 inner 429
+	// no token 200
 }

@@ -9,7 +9,10 @@
 // ends at MaxDuration, so a live request never outlives its lease unless
 // it ignores its context. A refused request gets 429
 // too-many-requests-in-flight with Retry-After and the members limit and
-// retryAfter (seconds).
+// retryAfter (seconds). Acquire takes a slot without HTTP.
+//
+//	capper, err := inflight.New(pool, inflight.Options{Key: tokenIDOf, Limit: 8})
+//	api := capper.Handler(mux)
 //
 // # Identity
 //
@@ -17,6 +20,24 @@
 // application stores it, or TokenKey of the raw token when it has none.
 // That string is written to request_in_flight (scope and holder), which
 // operators can read; the raw bearer token must never be returned.
+//
+// # Unidentified requests
+//
+// A request whose key Options.Key cannot read (ok false, or an empty key)
+// passes to next as it is: no slot, no MaxDuration. A limiter is not an
+// authenticator. So the Handler can wrap a whole mux: the sign-in route,
+// which has no token yet, reaches its own handler (and its sign-in
+// throttle), while every request with a token is counted.
+//
+// # Responses
+//
+// Every response the Handler writes itself goes through Options.OnError,
+// WriteError by default: a refusal (*LimitError, 429), a database that
+// cannot be reached or did not answer within Options.Timeout (503
+// database-unavailable), anything else (500, logged through
+// Options.Logger, never sent). A client that went away gets nothing.
+//
+// A Limiter is safe for concurrent use.
 package inflight
 
 import (
@@ -33,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -47,44 +69,60 @@ const Grace = 30 * time.Second
 
 // Defaults of Options.
 const (
+	DefaultName        = "in-flight"
 	DefaultLimit       = 8
 	DefaultMaxDuration = 2 * time.Minute
+	DefaultTimeout     = 5 * time.Second
 )
 
 // Options configure a Limiter.
 type Options struct {
+	// Name is the limit's name, in log lines and on the slots of Acquire.
+	// Default "in-flight".
+	Name string
 	// Key returns the identity of the request's API token (its id or name,
-	// never the raw token; see TokenKey); ok false refuses the request with
-	// 401. Put the authentication middleware before this one. Required.
+	// never the raw token; see TokenKey). ok false, or an empty key, lets
+	// the request pass to next uncounted (see Unidentified requests): put
+	// the authentication before this middleware, or let the handler refuse
+	// it. Required.
 	Key func(*http.Request) (key string, ok bool)
 	// Limit is how many requests of one token may be in flight at once,
-	// across all replicas. Default 8.
+	// across all replicas: 1..pglimit.MaxLimit. Default 8.
 	Limit int
 	// MaxDuration is the longest a request may run: its handler's context
 	// ends then, and its slot lapses MaxDuration + 30 s after the claim if
 	// nobody releases it. Default 2 minutes.
 	MaxDuration time.Duration
+	// Timeout bounds the database work of one claim or one release when
+	// the caller's context has no sooner deadline, so a database that hangs
+	// fails the request (503) instead of hanging it. Default 5s.
+	Timeout time.Duration
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
-	// OnRefused writes the response of a refused request. Default:
-	// WriteRefusal.
-	OnRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	// Logger receives release failures. Default slog.Default().
+	// OnError writes every response the Handler writes itself: a refusal
+	// (*LimitError) and a failed claim. The Handler has logged a failure
+	// that is not a refusal before it calls OnError. Default: WriteError.
+	OnError func(http.ResponseWriter, *http.Request, error)
+	// Logger receives failed claims and releases. Default slog.Default(),
+	// taken when New runs.
 	Logger *slog.Logger
 }
 
 // Limiter caps requests in flight per token. It is safe for concurrent use.
 type Limiter struct {
-	leaser    *permit.Leaser
-	limit     int
-	maxDur    time.Duration
-	grace     time.Duration
-	key       func(*http.Request) (string, bool)
-	onRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	log       *slog.Logger
+	leaser  *permit.Leaser
+	name    string
+	limit   int
+	maxDur  time.Duration
+	grace   time.Duration
+	timeout time.Duration
+	key     func(*http.Request) (string, bool)
+	onError func(http.ResponseWriter, *http.Request, error)
+	log     *slog.Logger
 }
 
-// New returns a Limiter keeping its slots in pool's database.
+// New returns a Limiter keeping its slots in pool's database. It checks
+// opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	return newLimiter(pool, opts, Grace)
 }
@@ -96,34 +134,43 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if opts.Key == nil {
 		return nil, errors.New("inflight: Options.Key is required")
 	}
-	if opts.Limit < 0 || opts.MaxDuration < 0 {
-		return nil, errors.New("inflight: negative Limit or MaxDuration")
+	if opts.Name == "" {
+		opts.Name = DefaultName
 	}
 	if opts.Limit == 0 {
 		opts.Limit = DefaultLimit
 	}
-	if opts.Limit > pglimit.MaxLimit {
-		return nil, fmt.Errorf("inflight: Limit %d above pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
+	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
+		return nil, fmt.Errorf("inflight: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.MaxDuration == 0 {
 		opts.MaxDuration = DefaultMaxDuration
 	}
 	if opts.MaxDuration < time.Millisecond {
-		return nil, errors.New("inflight: MaxDuration below a millisecond")
+		return nil, fmt.Errorf("inflight: MaxDuration %v below a millisecond", opts.MaxDuration)
 	}
-	if opts.OnRefused == nil {
-		opts.OnRefused = WriteRefusal
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, errors.New("inflight: negative Timeout")
+	}
+	if opts.OnError == nil {
+		opts.OnError = WriteError
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace, key: opts.Key,
-		onRefused: opts.OnRefused, log: opts.Logger}, nil
+	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace,
+		timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger}, nil
 }
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.name }
 
 // Limit is the number of requests a token may have in flight.
 func (l *Limiter) Limit() int { return l.limit }
@@ -145,6 +192,8 @@ func TokenKey(raw string) string {
 
 // LimitError is a refused request.
 type LimitError struct {
+	// Name is the limit's name (Options.Name).
+	Name string
 	// Limit is the number of requests a token may have in flight.
 	Limit int
 	// RetryAfter is when the oldest request in flight reaches its maximum
@@ -162,20 +211,31 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is one request in flight.
 type Permit struct {
-	lease *permit.Lease
+	lease   *permit.Lease
+	timeout time.Duration
 }
 
-// Release frees the slot, in one statement. It outlives a canceled ctx.
+// Release frees the slot, in one statement. It is safe to call more than
+// once, and it outlives a canceled ctx, bounded by Options.Timeout.
 func (p *Permit) Release(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if p == nil {
+		return nil
+	}
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
-	return p.lease.Release(ctx)
+	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
 }
 
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
-// returns a *LimitError when key has Limit requests in flight. Release the
-// permit when the work ends, and end the work within MaxDuration.
-func (l *Limiter) Acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
+// returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
+// requests in flight; any other error is the database's
+// (pglimit.Classify) or ctx's. Release the permit when the work ends, and
+// end the work within MaxDuration.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+	return l.acquire(ctx, key, l.name)
+}
+
+func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
 	if key == "" {
 		return nil, errors.New("inflight: empty key")
 	}
@@ -186,34 +246,30 @@ func (l *Limiter) Acquire(ctx context.Context, key, endpoint string) (*Permit, e
 	if err != nil {
 		var refused *permit.RefusedError
 		if errors.As(err, &refused) {
-			return nil, &LimitError{Limit: l.limit, RetryAfter: max(time.Second, refused.FirstLapse-l.grace)}
+			return nil, &LimitError{Name: l.name, Limit: l.limit, RetryAfter: max(time.Second, refused.FirstLapse-l.grace)}
 		}
 		return nil, err
 	}
-	return &Permit{lease: lease}, nil
+	return &Permit{lease: lease, timeout: l.timeout}, nil
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away.
+// client goes away. An unidentified request passes to next as it is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := l.key(r)
 		if !ok || key == "" {
-			problem.Write(w, &problem.Details{Slug: "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
-				Detail: "This endpoint needs an API token."})
+			next.ServeHTTP(w, r)
 			return
 		}
-		p, err := l.Acquire(r.Context(), key, endpointOf(r))
+		p, err := l.acquire(r.Context(), key, endpointOf(r))
 		if err != nil {
-			var le *LimitError
-			if errors.As(err, &le) {
-				l.onRefused(w, r, le)
-			} else {
-				respond.Log(r.Context(), l.log, "inflight: claim failed", err)
-				respond.Database(w, r, err)
+			if !errors.Is(err, pglimit.ErrLimited) {
+				respond.Log(r.Context(), l.log, "inflight: claim failed", err, "limit", l.name)
 			}
+			l.onError(w, r, err)
 			return
 		}
 		defer func() {
@@ -251,10 +307,23 @@ func storable(s string) string {
 	return s
 }
 
-// WriteRefusal is the default refusal: 429 problem+json
-// too-many-requests-in-flight with Retry-After and the members limit and
-// retryAfter (seconds).
-func WriteRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+// WriteError answers a failed request; it is the default Options.OnError:
+//
+//   - *LimitError: 429 too-many-requests-in-flight with Retry-After and the
+//     members limit and retryAfter (seconds);
+//   - a database that cannot be reached or did not answer in time
+//     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
+//     database-unavailable with Retry-After;
+//   - a client that went away (pglimit.ClassCanceled): nothing;
+//   - anything else: 500 internal-error, without the error's text.
+//
+// It logs nothing: the Handler logs before it calls OnError.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *LimitError
+	if !errors.As(err, &e) {
+		respond.Database(w, r, err)
+		return
+	}
 	retry := problem.RetryAfterSeconds(e.RetryAfter)
 	problem.Write(w, &problem.Details{
 		Slug:       SlugTooMany,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -25,7 +26,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 // tokenID stands in for the application's authentication: it maps the
 // bearer token to the token's id, the only thing the limiter sees.
@@ -322,7 +323,7 @@ func TestVanishedHolderLapses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dl.Acquire(context.Background(), "id-of-carol-token", "GET /api/flow"); err != nil {
+	if _, err := dl.Acquire(context.Background(), "id-of-carol-token"); err != nil {
 		t.Fatal(err)
 	}
 	claimed := time.Now()
@@ -373,45 +374,112 @@ func TestLeaseIsMaxDurationPlus30s(t *testing.T) {
 	}
 }
 
-// TestNoTokenAndOptions: a request without a token identity is 401; bad
-// options are refused by New.
-func TestNoTokenAndOptions(t *testing.T) {
+// TestUnidentifiedPassesUncounted: a request without a token identity
+// reaches next as it is, holding no slot, even when every slot of the cap
+// is taken.
+func TestUnidentifiedPassesUncounted(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, inflight.Options{}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
-		t.Error("handler ran without a token")
-	}))
-	for _, token := range []string{"", " "} {
-		req := httptest.NewRequest(http.MethodGet, "/api/audit", nil)
+	l := newLimiter(t, pool, inflight.Options{Limit: 1})
+	p, err := l.Acquire(context.Background(), "id-of-") // a full scope nobody's key can reach
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(context.Background())
+	for _, token := range []string{"", " ", "Bearer "} {
+		var held int
+		reached := false
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			reached = true
+			if _, ok := r.Context().Deadline(); ok {
+				t.Errorf("token %q: an unidentified request got a MaxDuration deadline", token)
+			}
+			if err := pool.QueryRow(r.Context(), `SELECT count(*) FROM pglimit.request_in_flight`).Scan(&held); err != nil {
+				t.Error(err)
+			}
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		req := httptest.NewRequest(http.MethodGet, "/api/session", nil)
 		if token != "" {
 			req.Header.Set("Authorization", token)
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
-		got := decode(t, rec.Result())
-		want := map[string]any{"type": "urn:pglimit:problem:unauthorized", "title": "Unauthorized", "status": float64(401),
-			"detail": "This endpoint needs an API token."}
-		if diff := cmp.Diff(want, got.body); diff != "" || got.status != 401 {
-			t.Errorf("token %q: %d (-want +got):\n%s", token, got.status, diff)
+		if !reached || rec.Code != http.StatusNoContent {
+			t.Errorf("token %q: reached next %v, status %d; want it passed through", token, reached, rec.Code)
+		}
+		if held != 1 {
+			t.Errorf("token %q: %d slots held while it ran, want only the one taken before (uncounted)", token, held)
 		}
 	}
-	for name, o := range map[string]inflight.Options{
-		"no key":            {},
-		"negative limit":    {Key: tokenID, Limit: -2},
-		"huge limit":        {Key: tokenID, Limit: 1 << 20},
-		"negative duration": {Key: tokenID, MaxDuration: -time.Second},
-		"tiny duration":     {Key: tokenID, MaxDuration: time.Microsecond},
+}
+
+// TestBadOptions are refused by New, each with an error naming what is
+// wrong; the defaults of a good set are applied.
+func TestBadOptions(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	for _, tc := range []struct {
+		name string
+		opts inflight.Options
+		want string
+	}{
+		{"no key", inflight.Options{}, "Key"},
+		{"negative limit", inflight.Options{Key: tokenID, Limit: -2}, "Limit"},
+		{"limit above MaxLimit", inflight.Options{Key: tokenID, Limit: pglimit.MaxLimit + 1}, "Limit"},
+		{"negative duration", inflight.Options{Key: tokenID, MaxDuration: -time.Second}, "MaxDuration"},
+		{"tiny duration", inflight.Options{Key: tokenID, MaxDuration: time.Microsecond}, "MaxDuration"},
+		{"negative timeout", inflight.Options{Key: tokenID, Timeout: -time.Second}, "Timeout"},
 	} {
-		if _, err := inflight.New(pool, o); err == nil {
-			t.Errorf("%s: New accepted it", name)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := inflight.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error naming %s", err, tc.want)
+			}
+		})
 	}
 	if _, err := inflight.New(nil, inflight.Options{Key: tokenID}); err == nil {
 		t.Error("New accepted a nil pool")
 	}
 	l := newLimiter(t, pool, inflight.Options{})
-	if l.Limit() != 8 || l.MaxDuration() != 2*time.Minute {
-		t.Errorf("defaults %d %v", l.Limit(), l.MaxDuration())
+	if l.Limit() != 8 || l.MaxDuration() != 2*time.Minute || l.Name() != "in-flight" {
+		t.Errorf("defaults %d %v %q", l.Limit(), l.MaxDuration(), l.Name())
+	}
+	if _, err := inflight.New(pool, inflight.Options{Key: tokenID, Limit: pglimit.MaxLimit}); err != nil {
+		t.Errorf("New at MaxLimit: %v", err)
+	}
+}
+
+// TestOnErrorWritesEveryResponse: a refusal and a database that cannot be
+// reached both go through OnError.
+func TestOnErrorWritesEveryResponse(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewDB(t, 2)
+	var got []error
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
+		got = append(got, err)
+		w.WriteHeader(http.StatusTeapot)
+	}
+	l := newLimiter(t, pool, inflight.Options{Limit: 1, OnError: onError})
+	p, err := l.Acquire(context.Background(), "id-of-alice-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(context.Background())
+	h := l.Handler(http.NotFoundHandler())
+	if res := call(t, h, "alice-token"); res.status != http.StatusTeapot || len(got) != 1 || !errors.Is(got[0], pglimit.ErrLimited) {
+		t.Fatalf("refusal: %d, OnError got %v", res.status, got)
+	}
+	closed := pgtest.Pool(t, url, 1)
+	closed.Close()
+	down := newLimiter(t, closed, inflight.Options{OnError: onError, Logger: slog.New(slog.DiscardHandler)})
+	if res := call(t, down.Handler(http.NotFoundHandler()), "alice-token"); res.status != http.StatusTeapot || len(got) != 2 ||
+		pglimit.Classify(got[1]) != pglimit.ClassUnavailable {
+		t.Fatalf("database closed: %d, OnError got %v", res.status, got)
+	}
+	rec := httptest.NewRecorder()
+	inflight.WriteError(rec, httptest.NewRequest(http.MethodGet, "/", nil), got[1])
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "database-unavailable") {
+		t.Errorf("WriteError of a closed pool: %d %s", rec.Code, rec.Body)
 	}
 }
 
@@ -421,11 +489,11 @@ func TestAcquireAPI(t *testing.T) {
 	pool, _ := pgtest.NewDB(t, 2)
 	l := newLimiter(t, pool, inflight.Options{Limit: 1, MaxDuration: 10 * time.Second})
 	ctx := context.Background()
-	p, err := l.Acquire(ctx, "job-runner", "nightly")
+	p, err := l.Acquire(ctx, "job-runner")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Acquire(ctx, "job-runner", "nightly")
+	_, err = l.Acquire(ctx, "job-runner")
 	var le *inflight.LimitError
 	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 		t.Fatalf("second acquire: %v", err)
@@ -436,10 +504,10 @@ func TestAcquireAPI(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Acquire(ctx, "job-runner", "nightly"); err != nil {
+	if _, err := l.Acquire(ctx, "job-runner"); err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	if _, err := l.Acquire(ctx, "", "x"); err == nil {
+	if _, err := l.Acquire(ctx, ""); err == nil {
 		t.Fatal("empty key accepted")
 	}
 }

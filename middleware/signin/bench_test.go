@@ -142,19 +142,19 @@ func BenchmarkLimits(b *testing.B) {
 					FROM generate_series(1, $1) AS g`, rows); err != nil {
 					b.Fatal(err)
 				}
-				uploads, err := upload.New(upool, upload.Options{User: func(*http.Request) (string, bool) { return "", false }})
+				uploads, err := upload.New(upool, upload.Options{Key: func(*http.Request) (string, bool) { return "", false }})
 				if err != nil {
 					b.Fatal(err)
 				}
 				clients(b, n, func(ctx context.Context, _, i int) error {
-					_, err := uploads.Claim(ctx, fmt.Sprint("bench-user-", i))
+					_, err := uploads.Acquire(ctx, fmt.Sprint("bench-user-", i))
 					return err
 				})
 			})
 		}
 		b.Run(fmt.Sprintf("inflight-claim-release/clients=%d", n), func(b *testing.B) {
 			clients(b, n, func(ctx context.Context, c, _ int) error {
-				p, err := tokens.Acquire(ctx, fmt.Sprint("bench-token-", c), "bench")
+				p, err := tokens.Acquire(ctx, fmt.Sprint("bench-token-", c))
 				if err != nil {
 					return err
 				}

@@ -4,28 +4,39 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/upload"
 )
 
 // Wrap the upload handler. A file the handler rejects (4xx) gives its slot
 // back; a stored one (2xx) keeps it for the rolling window.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 
-	limiter, _ := upload.New(pool, upload.Options{
-		User:  func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+	limiter, err := upload.New(pool, upload.Options{
+		// Your user, after authentication.
+		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
 		Limit: 2, // per user in any hour (the default window)
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	handler := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		file, _ := io.ReadAll(r.Body)
 		if string(file) == "not a plugin" {

@@ -10,7 +10,10 @@
 // Limit uploads start in any interval of length Window, never the 2×Limit a
 // fixed window lets through around its boundary. A refused upload gets 429
 // too-many-uploads with Retry-After: when the oldest counted upload leaves
-// the window.
+// the window. Acquire counts an upload without HTTP.
+//
+//	uploads, err := upload.New(pool, upload.Options{Key: userOf, Limit: 5, Window: time.Hour})
+//	mux.Handle("POST /api/plugins", uploads.Handler(pluginHandler))
 //
 // # Which uploads count
 //
@@ -21,6 +24,22 @@
 // that went away before the handler answered gives the slot back at once:
 // a rejected upload does not use up the user's allowance. Options.Counts
 // replaces the status rule.
+//
+// # Unidentified requests
+//
+// A request whose key Options.Key cannot read (ok false, or an empty key)
+// passes to next uncounted. A limiter is not an authenticator: put the
+// authentication in front of it, or let the upload handler refuse it.
+//
+// # Responses
+//
+// Every response the Handler writes itself goes through Options.OnError,
+// WriteError by default: a refusal (*LimitError, 429), a database that
+// cannot be reached or did not answer within Options.Timeout (503
+// database-unavailable), anything else (500, logged through
+// Options.Logger, never sent). A client that went away gets nothing.
+//
+// A Limiter is safe for concurrent use.
 package upload
 
 import (
@@ -36,6 +55,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -46,16 +66,23 @@ const SlugTooMany = "too-many-uploads"
 
 // Defaults of Options.
 const (
-	DefaultLimit  = 5
-	DefaultWindow = time.Hour
+	DefaultName    = "uploads"
+	DefaultLimit   = 5
+	DefaultWindow  = time.Hour
+	DefaultTimeout = 5 * time.Second
 )
 
 // Options configure a Limiter.
 type Options struct {
-	// User returns the user whose allowance a request counts against; ok
-	// false refuses the request with 401. Required.
-	User func(*http.Request) (user string, ok bool)
-	// Limit is how many uploads a user may make in any Window. Default 5.
+	// Name is the limit's name: on its slots (endpoint) and in log lines.
+	// Default "uploads".
+	Name string
+	// Key returns the user whose allowance a request counts against. ok
+	// false, or an empty key, lets the request pass to next uncounted (see
+	// Unidentified requests). Required.
+	Key func(*http.Request) (key string, ok bool)
+	// Limit is how many uploads a key may make in any Window:
+	// 1..pglimit.MaxLimit. Default 5.
 	Limit int
 	// Window is the length of the rolling window. Default one hour.
 	Window time.Duration
@@ -63,65 +90,83 @@ type Options struct {
 	// allowance (keeps its slot). Default: 2xx counts, anything else gives
 	// the slot back.
 	Counts func(status int) bool
+	// Timeout bounds the database work of one claim or one release when
+	// the caller's context has no sooner deadline, so a database that hangs
+	// fails the request (503) instead of hanging it. Default 5s.
+	Timeout time.Duration
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
-	// OnRefused writes the response of a refused upload. Default:
-	// WriteRefusal.
-	OnRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	// Logger receives failures to give a slot back. Default slog.Default().
+	// OnError writes every response the Handler writes itself: a refusal
+	// (*LimitError) and a failed claim. The Handler has logged a failure
+	// that is not a refusal before it calls OnError. Default: WriteError.
+	OnError func(http.ResponseWriter, *http.Request, error)
+	// Logger receives failed claims and failures to give a slot back.
+	// Default slog.Default(), taken when New runs.
 	Logger *slog.Logger
 }
 
 // Limiter counts uploads. It is safe for concurrent use.
 type Limiter struct {
-	leaser    *permit.Leaser
-	limit     int
-	window    time.Duration
-	user      func(*http.Request) (string, bool)
-	counts    func(int) bool
-	onRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	log       *slog.Logger
+	leaser  *permit.Leaser
+	name    string
+	limit   int
+	window  time.Duration
+	timeout time.Duration
+	key     func(*http.Request) (string, bool)
+	counts  func(int) bool
+	onError func(http.ResponseWriter, *http.Request, error)
+	log     *slog.Logger
 }
 
-// New returns a Limiter keeping its slots in pool's database.
+// New returns a Limiter keeping its slots in pool's database. It checks
+// opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if pool == nil {
 		return nil, errors.New("upload: nil pool")
 	}
-	if opts.User == nil {
-		return nil, errors.New("upload: Options.User is required")
+	if opts.Key == nil {
+		return nil, errors.New("upload: Options.Key is required")
 	}
-	if opts.Limit < 0 || opts.Window < 0 {
-		return nil, errors.New("upload: negative Limit or Window")
+	if opts.Name == "" {
+		opts.Name = DefaultName
 	}
 	if opts.Limit == 0 {
 		opts.Limit = DefaultLimit
 	}
-	if opts.Limit > pglimit.MaxLimit {
-		return nil, fmt.Errorf("upload: Limit %d above pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
+	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
+		return nil, fmt.Errorf("upload: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.Window == 0 {
 		opts.Window = DefaultWindow
 	}
 	if opts.Window < time.Millisecond {
-		return nil, errors.New("upload: Window below a millisecond")
+		return nil, fmt.Errorf("upload: Window %v below a millisecond", opts.Window)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, errors.New("upload: negative Timeout")
 	}
 	if opts.Counts == nil {
 		opts.Counts = func(status int) bool { return status >= 200 && status < 300 }
 	}
-	if opts.OnRefused == nil {
-		opts.OnRefused = WriteRefusal
+	if opts.OnError == nil {
+		opts.OnError = WriteError
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica})
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, limit: opts.Limit, window: opts.Window, user: opts.User,
-		counts: opts.Counts, onRefused: opts.OnRefused, log: opts.Logger}, nil
+	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, window: opts.Window, timeout: opts.Timeout,
+		key: opts.Key, counts: opts.Counts, onError: opts.OnError, log: opts.Logger}, nil
 }
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.name }
 
 // Limit is the number of uploads allowed in any window.
 func (l *Limiter) Limit() int { return l.limit }
@@ -129,11 +174,13 @@ func (l *Limiter) Limit() int { return l.limit }
 // Window is the length of the rolling window.
 func (l *Limiter) Window() time.Duration { return l.window }
 
-// Scope is the scope key of user's slots in upload_window.
-func Scope(user string) string { return permit.ScopeKey("upload", user) }
+// Scope is the scope key of key's slots in upload_window.
+func Scope(key string) string { return permit.ScopeKey("upload", key) }
 
 // LimitError is a refused upload.
 type LimitError struct {
+	// Name is the limit's name (Options.Name).
+	Name string
 	// Limit is the number of uploads allowed in any window.
 	Limit int
 	// Window is the length of the rolling window.
@@ -150,61 +197,64 @@ func (e *LimitError) Error() string {
 // Is reports whether target is pglimit.ErrLimited.
 func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
 
-// Slot is one upload counted in a user's window.
-type Slot struct {
-	lease *permit.Lease
+// Permit is one upload counted in a key's window. Keeping it needs
+// nothing: it lapses on its own when it leaves the window.
+type Permit struct {
+	lease   *permit.Lease
+	timeout time.Duration
 }
 
 // Release gives the slot back: the upload failed and must not count. It
-// outlives a canceled ctx. Keeping a slot needs nothing: it lapses on its
-// own when it leaves the window.
-func (s *Slot) Release(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+// is safe to call more than once, and it outlives a canceled ctx, bounded
+// by Options.Timeout.
+func (p *Permit) Release(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
-	return s.lease.Release(ctx)
+	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
 }
 
-// Claim counts an upload of user, for callers that are not HTTP handlers.
-// It returns a *LimitError when the user has Limit uploads in the window
-// already. Release the slot if the upload fails.
-func (l *Limiter) Claim(ctx context.Context, user string) (*Slot, error) {
-	if user == "" {
-		return nil, errors.New("upload: empty user")
+// Acquire counts an upload of key, for callers that are not HTTP handlers.
+// It returns a *LimitError (errors.Is pglimit.ErrLimited) when the key has
+// Limit uploads in the window already; any other error is the database's
+// (pglimit.Classify) or ctx's. Release the permit if the upload fails.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+	if key == "" {
+		return nil, errors.New("upload: empty key")
 	}
 	lease, err := l.leaser.Claim(ctx, permit.Claim{
-		Scopes: []permit.Scope{{Key: Scope(user), Cap: l.limit}},
-		Holder: user, Endpoint: "upload", Lease: l.window,
+		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
+		Holder: key, Endpoint: l.name, Lease: l.window,
 	})
 	if err != nil {
 		var refused *permit.RefusedError
 		if errors.As(err, &refused) {
-			return nil, &LimitError{Limit: l.limit, Window: l.window, RetryAfter: max(time.Second, refused.FirstLapse)}
+			return nil, &LimitError{Name: l.name, Limit: l.limit, Window: l.window, RetryAfter: max(time.Second, refused.FirstLapse)}
 		}
 		return nil, err
 	}
-	return &Slot{lease: lease}, nil
+	return &Permit{lease: lease, timeout: l.timeout}, nil
 }
 
-// Handler counts every request to next as an upload of its user: it claims
-// a slot first (429 when the user has none left), and gives it back when
-// the upload does not count (see the package documentation).
+// Handler counts every request to next as an upload of its key: it claims
+// a slot first (429 when the key has none left), and gives it back when
+// the upload does not count (see the package documentation). An
+// unidentified request passes to next uncounted.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, ok := l.user(r)
-		if !ok || user == "" {
-			problem.Write(w, &problem.Details{Slug: "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
-				Detail: "Uploading needs an authenticated user."})
+		key, ok := l.key(r)
+		if !ok || key == "" {
+			next.ServeHTTP(w, r)
 			return
 		}
-		slot, err := l.Claim(r.Context(), user)
+		slot, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			var le *LimitError
-			if errors.As(err, &le) {
-				l.onRefused(w, r, le)
-			} else {
-				respond.Log(r.Context(), l.log, "upload: claim failed", err)
-				respond.Database(w, r, err)
+			if !errors.Is(err, pglimit.ErrLimited) {
+				respond.Log(r.Context(), l.log, "upload: claim failed", err, "limit", l.name)
 			}
+			l.onError(w, r, err)
 			return
 		}
 		sw := &statusWriter{ResponseWriter: w}
@@ -222,7 +272,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			}
 			if err := slot.Release(r.Context()); err != nil {
 				l.log.WarnContext(r.Context(), "upload: giving back the slot of an upload that did not count failed; it lapses with the window",
-					"user", user, "err", err)
+					"key", key, "err", err)
 			}
 		}()
 		next.ServeHTTP(sw, req)
@@ -300,9 +350,24 @@ func FormatWindow(d time.Duration) string {
 	return d.String()
 }
 
-// WriteRefusal is the default refusal: 429 problem+json too-many-uploads
-// with Retry-After and the members limit and retryAfter (seconds).
-func WriteRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+// WriteError answers a failed upload request; it is the default
+// Options.OnError:
+//
+//   - *LimitError: 429 too-many-uploads with Retry-After and the members
+//     limit and retryAfter (seconds);
+//   - a database that cannot be reached or did not answer in time
+//     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
+//     database-unavailable with Retry-After;
+//   - a client that went away (pglimit.ClassCanceled): nothing;
+//   - anything else: 500 internal-error, without the error's text.
+//
+// It logs nothing: the Handler logs before it calls OnError.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *LimitError
+	if !errors.As(err, &e) {
+		respond.Database(w, r, err)
+		return
+	}
 	retry := problem.RetryAfterSeconds(e.RetryAfter)
 	problem.Write(w, &problem.Details{
 		Slug:   SlugTooMany,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -26,7 +27,7 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 func userHeader(r *http.Request) (string, bool) {
 	u := r.Header.Get("X-User")
@@ -71,8 +72,8 @@ func (p *plugins) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func newLimiter(t testing.TB, pool *pgxpool.Pool, opts upload.Options) *upload.Limiter {
 	t.Helper()
-	if opts.User == nil {
-		opts.User = userHeader
+	if opts.Key == nil {
+		opts.Key = userHeader
 	}
 	l, err := upload.New(pool, opts)
 	if err != nil {
@@ -449,63 +450,127 @@ func TestCountsOption(t *testing.T) {
 	checkRefusal(t, send(t, h, "erin", "plugin"), 1, "hour", 3600)
 }
 
-// TestNoUser and bad options.
-func TestNoUserAndOptions(t *testing.T) {
+// TestUnidentifiedPassesUncounted: a request without a user reaches the
+// upload handler and counts against nobody, even for a user whose window
+// is full.
+func TestUnidentifiedPassesUncounted(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, upload.Options{}).Handler(&plugins{})
-	got := send(t, h, "", "plugin")
-	want := map[string]any{"type": "urn:pglimit:problem:unauthorized", "title": "Unauthorized", "status": float64(401),
-		"detail": "Uploading needs an authenticated user."}
-	if diff := cmp.Diff(want, got.body); diff != "" || got.status != 401 {
-		t.Fatalf("no user: %d (-want +got):\n%s", got.status, diff)
+	p := &plugins{}
+	h := newLimiter(t, pool, upload.Options{Limit: 1}).Handler(p)
+	if got := send(t, h, "gina", "plugin"); got.status != http.StatusCreated {
+		t.Fatalf("first upload: %d", got.status)
 	}
-	for name, o := range map[string]upload.Options{
-		"no user":         {},
-		"negative limit":  {User: userHeader, Limit: -1},
-		"huge limit":      {User: userHeader, Limit: 1 << 20},
-		"negative window": {User: userHeader, Window: -time.Second},
-		"tiny window":     {User: userHeader, Window: time.Nanosecond},
-	} {
-		if _, err := upload.New(pool, o); err == nil {
-			t.Errorf("%s: New accepted it", name)
+	for i := range 3 {
+		if got := send(t, h, "", "plugin"); got.status != http.StatusCreated {
+			t.Fatalf("unidentified upload %d: %d %v, want it passed to the handler", i, got.status, got.body)
 		}
 	}
-	if _, err := upload.New(nil, upload.Options{User: userHeader}); err == nil {
-		t.Error("New accepted a nil pool")
+	if p.stored.Load() != 4 {
+		t.Errorf("%d uploads stored, want 4", p.stored.Load())
 	}
-	l := newLimiter(t, pool, upload.Options{})
-	if l.Limit() != 5 || l.Window() != time.Hour {
-		t.Errorf("defaults %d %v", l.Limit(), l.Window())
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.upload_window`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("%d slots in upload_window, want gina's 1 (unidentified uploads uncounted)", n)
 	}
 }
 
-// TestClaimAPI: the non-HTTP Claim and Release.
-func TestClaimAPI(t *testing.T) {
+// TestBadOptions are refused by New, each with an error naming what is
+// wrong; the defaults of a good set are applied.
+func TestBadOptions(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 2)
+	for _, tc := range []struct {
+		name string
+		opts upload.Options
+		want string
+	}{
+		{"no key", upload.Options{}, "Key"},
+		{"negative limit", upload.Options{Key: userHeader, Limit: -1}, "Limit"},
+		{"limit above MaxLimit", upload.Options{Key: userHeader, Limit: pglimit.MaxLimit + 1}, "Limit"},
+		{"negative window", upload.Options{Key: userHeader, Window: -time.Second}, "Window"},
+		{"tiny window", upload.Options{Key: userHeader, Window: time.Nanosecond}, "Window"},
+		{"negative timeout", upload.Options{Key: userHeader, Timeout: -time.Second}, "Timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := upload.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+	if _, err := upload.New(nil, upload.Options{Key: userHeader}); err == nil {
+		t.Error("New accepted a nil pool")
+	}
+	l := newLimiter(t, pool, upload.Options{})
+	if l.Limit() != 5 || l.Window() != time.Hour || l.Name() != "uploads" {
+		t.Errorf("defaults %d %v %q", l.Limit(), l.Window(), l.Name())
+	}
+	if _, err := upload.New(pool, upload.Options{Key: userHeader, Limit: pglimit.MaxLimit}); err != nil {
+		t.Errorf("New at MaxLimit: %v", err)
+	}
+}
+
+// TestOnErrorWritesEveryResponse: a refusal and a database that cannot be
+// reached both go through OnError.
+func TestOnErrorWritesEveryResponse(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewDB(t, 2)
+	var got []error
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
+		got = append(got, err)
+		w.WriteHeader(http.StatusTeapot)
+	}
+	h := newLimiter(t, pool, upload.Options{Limit: 1, OnError: onError}).Handler(&plugins{})
+	send(t, h, "hana", "plugin")
+	if res := send(t, h, "hana", "plugin"); res.status != http.StatusTeapot || len(got) != 1 || !errors.Is(got[0], pglimit.ErrLimited) {
+		t.Fatalf("refusal: %d, OnError got %v", res.status, got)
+	}
+	closed := pgtest.Pool(t, url, 1)
+	closed.Close()
+	down := newLimiter(t, closed, upload.Options{OnError: onError, Logger: slog.New(slog.DiscardHandler)})
+	if res := send(t, down.Handler(&plugins{}), "hana", "plugin"); res.status != http.StatusTeapot || len(got) != 2 ||
+		pglimit.Classify(got[1]) != pglimit.ClassUnavailable {
+		t.Fatalf("database closed: %d, OnError got %v", res.status, got)
+	}
+	rec := httptest.NewRecorder()
+	upload.WriteError(rec, httptest.NewRequest(http.MethodPost, "/", nil), got[1])
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "database-unavailable") {
+		t.Errorf("WriteError of a closed pool: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestAcquireAPI: the non-HTTP Acquire and Release.
+func TestAcquireAPI(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
 	l := newLimiter(t, pool, upload.Options{Limit: 1})
 	ctx := context.Background()
-	slot, err := l.Claim(ctx, "frank")
+	p, err := l.Acquire(ctx, "frank")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Claim(ctx, "frank")
+	_, err = l.Acquire(ctx, "frank")
 	var le *upload.LimitError
 	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
-		t.Fatalf("second claim: %v", err)
+		t.Fatalf("second acquire: %v", err)
 	}
-	if le.Limit != 1 || le.Window != time.Hour || le.RetryAfter < 59*time.Minute || le.RetryAfter > time.Hour {
+	if le.Limit != 1 || le.Window != time.Hour || le.RetryAfter < 59*time.Minute || le.RetryAfter > time.Hour || le.Name != "uploads" {
 		t.Fatalf("LimitError %+v", le)
 	}
-	if err := slot.Release(ctx); err != nil {
+	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Claim(ctx, "frank"); err != nil {
-		t.Fatalf("claim after release: %v", err)
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
 	}
-	if _, err := l.Claim(ctx, ""); err == nil {
-		t.Fatal("claim for an empty user")
+	if _, err := l.Acquire(ctx, "frank"); err != nil {
+		t.Fatalf("acquire after release: %v", err)
+	}
+	if _, err := l.Acquire(ctx, ""); err == nil {
+		t.Fatal("acquire for an empty key")
 	}
 }
 

@@ -319,7 +319,7 @@ func (a *App) setupLimits() error {
 		return err
 	}
 	a.uploads, err = upload.New(a.primary, upload.Options{
-		User:    userOf,
+		Key:     userOf,
 		Limit:   cfg.UploadsPerHour,
 		Window:  cfg.UploadWindow,
 		Replica: cfg.ReplicaName,
