@@ -119,7 +119,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	}
 	// Failures never reach the limit (the path moves to a new key every
 	// failuresPerKey): every attempt is recorded.
-	if s.failure, err = signin.New(pool, signin.Options{MaxFailures: pglimit.MaxLimit, Logger: quiet}); err != nil {
+	if s.failure, err = signin.New(pool, signin.Options{Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	if s.upload, err = upload.New(pool, upload.Options{
@@ -233,28 +233,28 @@ func (s *Suite) Limits() []Path {
 					return p.Release(ctx)
 				}, nil
 			}},
-		{Name: "sign-in check", Kind: Limit, What: "signin.Limiter.Check in normal mode (one read of login_attempt)",
+		{Name: "sign-in check", Kind: Limit, What: "signin.Limiter.Acquire in normal mode (one read of login_attempt) + Permit.Release (nothing written)",
 			New: func(w int) (Op, error) {
 				key := "username:" + user(w)
 				return func(ctx context.Context) error {
-					a, err := s.signin.Check(ctx, key)
+					p, err := s.signin.Acquire(ctx, key)
 					if err != nil {
 						return err
 					}
-					return a.Abandon(ctx)
+					return p.Release(ctx)
 				}, nil
 			}},
-		{Name: "failure record", Kind: Limit, What: "a failed sign-in: signin.Limiter.Check + Attempt.RecordFailure (a read, then an upsert in its own transaction)",
+		{Name: "failure record", Kind: Limit, What: "a failed sign-in: signin.Limiter.Acquire + Permit.Fail (a read, then an upsert in its own transaction)",
 			New: func(w int) (Op, error) {
 				n := 0
 				return func(ctx context.Context) error {
 					key := "username:fail-" + user(w) + "-" + strconv.Itoa(n/failuresPerKey)
 					n++
-					a, err := s.failure.Check(ctx, key)
+					p, err := s.failure.Acquire(ctx, key)
 					if err != nil {
 						return err
 					}
-					return a.RecordFailure(ctx)
+					return p.Fail(ctx)
 				}, nil
 			}},
 		{Name: "upload claim", Kind: Limit, What: "upload.Limiter.Acquire of a user's first slot in the window (kept, as a successful upload keeps it)",

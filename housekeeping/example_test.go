@@ -3,33 +3,50 @@ package housekeeping_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/housekeeping"
-	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 
-// A service starts housekeeping.Run in the background on every replica:
+// Every replica runs housekeeping in the background, usually through
+// pglimit.Run (with the replica registry), or on its own:
 //
-//	go housekeeping.Run(ctx, pool, housekeeping.Options{})
+//	h, err := housekeeping.New(pool, housekeeping.Options{})
+//	go func() { errc <- h.Run(ctx) }() // until ctx ends
 //
 // Here one sweep is run by hand, after a failed sign-in's window lapsed.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
-	defer pool.Close()
 	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 
-	throttle, _ := signin.New(pool, signin.Options{Window: 10 * time.Millisecond})
-	attempt, _ := throttle.Check(ctx, "username:alice")
-	_ = attempt.RecordFailure(ctx)
+	throttle, err := signin.New(pool, signin.Options{Window: 10 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := throttle.Acquire(ctx, "username:alice")
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = p.Fail(ctx)
 	time.Sleep(50 * time.Millisecond) // the window lapses; the row stays until housekeeping
 
-	h, _ := housekeeping.New(pool, housekeeping.Options{})
+	h, err := housekeeping.New(pool, housekeeping.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	res, err := h.RunOnce(ctx)
 	if err != nil {
 		fmt.Println(err)

@@ -22,7 +22,7 @@ import (
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 // fill inserts lapsed and live rows in every limit table; row keys start
 // with "lapsed-" or "live-".

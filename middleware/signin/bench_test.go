@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
@@ -62,11 +63,12 @@ func clients(b *testing.B, n int, op func(ctx context.Context, client, i int) er
 // round trip) and a Redis-based limiter (redis_rate on 127.0.0.1:6379).
 // It is the benchmark of middleware/upload and middleware/inflight too.
 //
-//   - signin-check: a sign-in's one read (Limiter.Check, normal mode) of a
+//   - signin-check: a sign-in's one read (Limiter.Acquire, normal mode) of a
 //     key with failures.
-//   - signin-record-failure: the failure upsert Attempt.RecordFailure runs
+//   - signin-record-failure: the failure upsert Permit.Fail runs
 //     (LoginAttemptRecordFailure on the pool, its own transaction).
-//   - signin-failed-attempt: both, as a failed sign-in costs them.
+//   - signin-failed-attempt: both, as a failed sign-in costs them (a key
+//     takes 1,000 failures, below the limit, then the next key is used).
 //   - upload-claim: one upload's slot (permit claim in upload_window: lock +
 //     claim in one round trip), a new user each time, in a table that
 //     starts empty (rows=0) or with 10,000 live slots of other users.
@@ -77,7 +79,7 @@ func clients(b *testing.B, n int, op func(ctx context.Context, client, i int) er
 func BenchmarkLimits(b *testing.B) {
 	pool, _ := pgtest.NewDB(b, 16)
 	q := db.New()
-	throttle, err := signin.New(pool, signin.Options{MaxFailures: 1 << 20, Window: time.Hour})
+	throttle, err := signin.New(pool, signin.Options{Limit: pglimit.MaxLimit, Window: time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -87,11 +89,11 @@ func BenchmarkLimits(b *testing.B) {
 	}
 	ctx := context.Background()
 	for c := 0; c < 16; c++ { // every client's key has failures: Check reads a row
-		a, err := throttle.Check(ctx, fmt.Sprint("bench-check-", c))
+		a, err := throttle.Acquire(ctx, fmt.Sprint("bench-check-", c))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := a.RecordFailure(ctx); err != nil {
+		if err := a.Fail(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -108,7 +110,7 @@ func BenchmarkLimits(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("signin-check/clients=%d", n), func(b *testing.B) {
 			clients(b, n, func(ctx context.Context, c, _ int) error {
-				_, err := throttle.Check(ctx, fmt.Sprint("bench-check-", c))
+				_, err := throttle.Acquire(ctx, fmt.Sprint("bench-check-", c))
 				return err
 			})
 		})
@@ -122,12 +124,12 @@ func BenchmarkLimits(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("signin-failed-attempt/clients=%d", n), func(b *testing.B) {
 			r := run.Add(1)
-			clients(b, n, func(ctx context.Context, c, _ int) error {
-				a, err := throttle.Check(ctx, fmt.Sprint("bench-attempt-", r, "-", c))
+			clients(b, n, func(ctx context.Context, c, i int) error {
+				a, err := throttle.Acquire(ctx, fmt.Sprint("bench-attempt-", r, "-", c, "-", i/1000))
 				if err != nil {
 					return err
 				}
-				return a.RecordFailure(ctx)
+				return a.Fail(ctx)
 			})
 		})
 		for _, rows := range []int{0, 10000} {

@@ -3,32 +3,46 @@ package signin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 
 // Wrap the sign-in handler. The handler checks the password the same way
 // for unknown usernames (against a dummy hash) and answers 401 for any bad
-// credentials: the throttle learns the outcome from that status.
+// credentials: the throttle learns the outcome from that status. A request
+// the throttle cannot identify (no username in its body) reaches the
+// handler without a Permit: refuse it, never check its password.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 
 	aliceHash, _ := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
 	dummyHash, _ := bcrypt.GenerateFromPassword([]byte("no user has this"), bcrypt.MinCost)
 	users := map[string][]byte{"alice": aliceHash}
 
 	signIn := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := signin.FromContext(r.Context()); !ok {
+			http.Error(w, "a username is required", http.StatusBadRequest)
+			return
+		}
 		var req struct{ Username, Password string }
 		_ = json.NewDecoder(r.Body).Decode(&req)
 		hash, known := users[signin.NormalizeUsername(req.Username)]
@@ -42,11 +56,18 @@ func Example() {
 		fmt.Fprintln(w, `{"token":"..."}`)
 	})
 
-	throttle, _ := signin.New(pool, signin.Options{MaxFailures: 2})
+	throttle, err := signin.New(pool, signin.Options{Limit: 2}) // failures per username in 15 minutes
+	if err != nil {
+		log.Fatal(err)
+	}
 	handler := throttle.Handler(signIn)
 
-	for _, password := range []string{"guess1", "guess2", "s3cret"} {
-		body := fmt.Sprintf(`{"username":"Alice","password":%q}`, password)
+	for _, body := range []string{
+		`{"username":"Alice","password":"guess1"}`,
+		`{"username":"Alice","password":"guess2"}`,
+		`{"username":"Alice","password":"s3cret"}`,
+		`{"password":"s3cret"}`,
+	} {
 		req := httptest.NewRequest(http.MethodPost, "/api/session", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
@@ -59,28 +80,36 @@ func Example() {
 	// 401
 	// 401
 	// 429 urn:pglimit:problem:too-many-failed-sign-ins
+	// 400
 }
 
-// Callers that are not HTTP handlers (a CLI, a gRPC service) use Check and
-// report the outcome on the Attempt.
-func ExampleLimiter_Check() {
-	url, drop := pgtest.ForExample()
-	defer drop()
-	pool, _ := pgxpool.New(context.Background(), url)
-	defer pool.Close()
-	throttle, _ := signin.New(pool, signin.Options{MaxFailures: 1})
+// Callers that are not HTTP handlers (a CLI, a gRPC service) use Acquire
+// and report the outcome on the Permit.
+func ExampleLimiter_Acquire() {
 	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	throttle, err := signin.New(pool, signin.Options{Limit: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	for i := 0; i < 2; i++ {
-		attempt, err := throttle.Check(ctx, "username:"+signin.NormalizeUsername("Bob"))
+		p, err := throttle.Acquire(ctx, "username:"+signin.NormalizeUsername("Bob"))
 		if err != nil {
-			fmt.Println("refused:", err != nil)
+			fmt.Println("refused:", errors.Is(err, pglimit.ErrLimited))
 			continue
 		}
 		passwordOK := false // ... check the password ...
 		if passwordOK {
-			_ = attempt.Succeeded(ctx)
-		} else if err := attempt.RecordFailure(ctx); err != nil {
+			_ = p.Succeed(ctx)
+		} else if err := p.Fail(ctx); err != nil {
 			fmt.Println("cannot count the failure: fail the sign-in")
 		}
 		fmt.Println("checked")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -14,54 +15,56 @@ import (
 	"golang.org/x/text/cases"
 	"golang.org/x/text/unicode/norm"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/respond"
-	"github.com/pglimit/pglimit/problem"
 )
 
 // Handler throttles the sign-in handler next. For each request it buffers
 // the body (at most MaxBodyBytes), reads the client key with Options.Key,
 // and checks the key: a throttled key is refused (429), a database that
 // cannot be reached fails the sign-in (503), and otherwise next runs with
-// the Attempt in its context (FromContext) and the body intact. The outcome
+// the Permit in its context (FromContext) and the body intact. The outcome
 // is what next reports with Failed / Succeeded / Abandoned, or else what
 // its status says: 401 a failure, 2xx a success, anything else (or a panic,
 // or nothing written) not an attempt. A failure is recorded before the 401
-// goes out; if it cannot be recorded the client gets 503 instead.
+// goes out; if it cannot be recorded the client gets 503 instead. A request
+// without a key passes to next uncounted, with the body intact and no
+// Permit in its context.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := readBody(w, r, l.maxBody)
 		if err != nil {
-			writeBodyError(w, err)
-			return
-		}
-		key, err := l.key(withBody(r, body))
-		if err != nil || key == "" {
-			writeBodyError(w, err)
-			return
-		}
-		a, err := l.Check(r.Context(), key)
-		if err != nil {
-			var le *LimitError
-			switch {
-			case errors.As(err, &le):
-				l.onRefused(w, r, le)
-			default:
-				respond.Log(r.Context(), l.log, "signin: check failed", err)
-				writeUnavailable(w, r, err)
+			var tooLarge *http.MaxBytesError
+			if !errors.As(err, &tooLarge) {
+				err = fmt.Errorf("%w: %w", ErrUnreadable, err)
 			}
+			l.onError(w, r, err)
 			return
 		}
-		ow := &outcomeWriter{ResponseWriter: w, l: l, a: a, r: r}
+		key, ok := l.key(withBody(r, body))
+		if !ok || key == "" {
+			next.ServeHTTP(w, withBody(r, body))
+			return
+		}
+		p, err := l.Acquire(r.Context(), key)
+		if err != nil {
+			if !errors.Is(err, pglimit.ErrLimited) {
+				respond.Log(r.Context(), l.log, "signin: check failed", err, "limit", l.name)
+			}
+			l.onError(w, r, err)
+			return
+		}
+		ow := &outcomeWriter{ResponseWriter: w, l: l, p: p, r: r}
 		defer func() {
-			if p := recover(); p != nil {
-				l.settle(r, "panic", a.Abandon)
-				panic(p)
+			if v := recover(); v != nil {
+				l.settle(r, "panic", p.Release)
+				panic(v)
 			}
 			if !ow.wroteHeader {
-				l.settle(r, "no response", a.Abandon)
+				l.settle(r, "no response", p.Release)
 			}
 		}()
-		next.ServeHTTP(ow, withBody(r, body).WithContext(NewContext(r.Context(), a)))
+		next.ServeHTTP(ow, withBody(r, body).WithContext(NewContext(r.Context(), p)))
 	})
 }
 
@@ -78,7 +81,7 @@ func (l *Limiter) settle(r *http.Request, why string, f func(context.Context) er
 type outcomeWriter struct {
 	http.ResponseWriter
 	l *Limiter
-	a *Attempt
+	p *Permit
 	r *http.Request
 
 	wroteHeader bool
@@ -101,7 +104,7 @@ func (w *outcomeWriter) WriteHeader(code int) {
 	ctx := w.r.Context()
 	switch {
 	case code == http.StatusUnauthorized:
-		if err := w.a.RecordFailure(ctx); err != nil {
+		if err := w.p.Fail(ctx); err != nil {
 			// An uncounted failure must not look like a counted one.
 			w.swallow = true
 			h := w.ResponseWriter.Header()
@@ -109,15 +112,15 @@ func (w *outcomeWriter) WriteHeader(code int) {
 				delete(h, k)
 			}
 			w.l.log.WarnContext(ctx, "signin: recording a failed sign-in failed; answering 503", "err", err)
-			problem.Unavailable(w.ResponseWriter, w.r, SlugUnavailable, detailUnavailable)
+			w.l.onError(w.ResponseWriter, w.r, fmt.Errorf("%w: %w", ErrNotRecorded, err))
 			return
 		}
 	case code >= 200 && code < 300:
-		if err := w.a.Succeeded(ctx); err != nil {
+		if err := w.p.Succeed(ctx); err != nil {
 			w.l.log.WarnContext(ctx, "signin: clearing failures after a success failed; they lapse on their own", "err", err)
 		}
 	default:
-		if err := w.a.Abandon(ctx); err != nil {
+		if err := w.p.Release(ctx); err != nil {
 			w.l.log.WarnContext(ctx, "signin: giving back a reservation failed; it lapses with its window", "err", err)
 		}
 	}
@@ -160,34 +163,24 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	return c
 }
 
-func writeBodyError(w http.ResponseWriter, err error) {
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		problem.Write(w, &problem.Details{Slug: SlugTooLarge, Title: "Sign-in request too large",
-			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
-		return
-	}
-	problem.BadRequest(w, SlugInvalid, "Invalid sign-in request",
-		"The sign-in request must carry a username (a JSON object or a form with the field \"username\").")
-}
-
 // UsernameKey is the default key function: "username:" followed by the
 // normalised (NormalizeUsername) field "username" of a JSON object body
 // (Content-Type application/json or any +json) or of a form body
 // (application/x-www-form-urlencoded or multipart/form-data). A body
 // without a Content-Type is read as JSON when it starts with '{', as a form
-// otherwise. It never looks at X-Forwarded-For or any other header. It
-// returns ErrNoKey when there is no non-empty username.
-func UsernameKey(r *http.Request) (string, error) {
+// otherwise. It never looks at X-Forwarded-For or any other header. ok is
+// false when there is no non-empty username (the request then passes
+// through the Handler unidentified).
+func UsernameKey(r *http.Request) (key string, ok bool) {
 	u, err := usernameOf(r)
 	if err != nil {
-		return "", err
+		return "", false
 	}
 	u = NormalizeUsername(u)
 	if u == "" {
-		return "", ErrNoKey
+		return "", false
 	}
-	return "username:" + u, nil
+	return "username:" + u, true
 }
 
 func usernameOf(r *http.Request) (string, error) {

@@ -2,13 +2,16 @@
 // (ADR-0196 decision 5), counting them in PostgreSQL's UNLOGGED
 // login_attempt table.
 //
+//	throttle, err := signin.New(pool, signin.Options{Limit: 5, Window: 15 * time.Minute})
+//	mux.Handle("POST /api/session", throttle.Handler(signInHandler)) // 401 = failure, 2xx = success
+//
 // # The rule
 //
 // Failed sign-ins are counted per client key, by default the normalised
-// username (trimmed, NFKC, Unicode case-folded). Once a key has
-// MaxFailures failures (default 5) in the Window that opened with its first
-// failure (default 15 minutes), every sign-in of that key is refused with
-// 429 too-many-failed-sign-ins and Retry-After until the window lapses —
+// username (trimmed, NFKC, Unicode case-folded). Once a key has Limit
+// failures (default 5) in the Window that opened with its first failure
+// (default 15 minutes), every sign-in of that key is refused with 429
+// too-many-failed-sign-ins and Retry-After until the window lapses —
 // whether the password is right or not. A successful sign-in clears the
 // key's failures. The throttle keys on the username alone: it never trusts
 // X-Forwarded-For, and a key function of the application's own can add
@@ -28,10 +31,10 @@
 // In normal mode the count is read before the password is checked and
 // written after, so attempts already in flight when the limit is reached
 // are still evaluated: under a burst of concurrent wrong passwords for one
-// username more than MaxFailures passwords are checked (the tests measure
-// it). Strict mode reserves the attempt atomically before the password is
+// username more than Limit passwords are checked (the tests measure it).
+// Strict mode reserves the attempt atomically before the password is
 // checked (LoginAttemptReserve: the attempt counts as a failure up front,
-// only while the key is under the limit), so never more than MaxFailures
+// only while the key is under the limit), so never more than Limit
 // passwords are checked per window; it costs one more write on success (the
 // reservation, then the clear) and on a request that turns out not to be an
 // attempt (the reservation, then LoginAttemptUnreserve).
@@ -42,10 +45,30 @@
 // the handler never runs. A failure that cannot be recorded turns the
 // handler's 401 into the same 503.
 //
+// # Unidentified requests
+//
+// A request whose key Options.Key cannot read (the default: a body with no
+// username, or one the key function cannot parse) passes to next
+// uncounted, with no Permit in its context: a limiter is not an
+// authenticator, and the handler answers such a request as it likes. It
+// must not check a password without a Permit (FromContext reports false):
+// answer 400. The Handler buffers the body first, so the handler reads it
+// again from the start.
+//
+// # Responses
+//
+// Every response the Handler writes itself goes through Options.OnError,
+// WriteError by default: a throttled key (*LimitError, 429), a body larger
+// than MaxBodyBytes (413 sign-in-request-too-large), a body that cannot be
+// read (400 invalid-sign-in-request), a database that cannot be reached or
+// timed out, or a failure that could not be recorded (503
+// sign-in-unavailable), anything else (500, logged through Options.Logger,
+// never sent). A client that went away gets nothing.
+//
 // # What the application must do
 //
-//   - Wrap only the sign-in handler with Handler (or call Check and the
-//     Attempt's methods from non-HTTP code).
+//   - Wrap only the sign-in handler with Handler (or call Acquire and the
+//     Permit's methods from non-HTTP code).
 //   - Check credentials in the same way whether the username exists or not:
 //     for an unknown username run the password hash comparison against a
 //     dummy hash of the same cost (bcrypt.CompareHashAndPassword(dummy,
@@ -59,6 +82,8 @@
 //     Succeeded or Abandoned on the request's context. The first outcome
 //     reported counts; the status is only looked at when none was reported.
 //     Report explicitly when a handler's own status codes differ.
+//
+// A Limiter is safe for concurrent use.
 package signin
 
 import (
@@ -78,6 +103,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -88,7 +114,7 @@ const (
 	SlugTooMany = "too-many-failed-sign-ins"
 	// SlugUnavailable: the throttle's database cannot be reached (503).
 	SlugUnavailable = "sign-in-unavailable"
-	// SlugInvalid: no client key could be read from the request (400).
+	// SlugInvalid: the request body could not be read (400).
 	SlugInvalid = "invalid-sign-in-request"
 	// SlugTooLarge: the request body is larger than MaxBodyBytes (413).
 	SlugTooLarge = "sign-in-request-too-large"
@@ -96,109 +122,130 @@ const (
 
 // Defaults of Options.
 const (
-	DefaultMaxFailures        = 5
+	DefaultName               = "sign-in"
+	DefaultLimit              = 5
 	DefaultWindow             = 15 * time.Minute
 	DefaultMaxBodyBytes int64 = 64 << 10
+	DefaultTimeout            = 5 * time.Second
 )
 
 // maxKeyBytes is the longest key stored as it is; longer keys, and keys that
 // PostgreSQL text cannot hold (invalid UTF-8, NUL), are stored as a SHA-256.
 const maxKeyBytes = 200
 
-// writeTimeout bounds the writes of an outcome, which outlive the request's
-// context (a client that goes away still has its failure counted).
-const writeTimeout = 5 * time.Second
-
 // Options configure a Limiter. The zero value is ready to use.
 type Options struct {
-	// MaxFailures is how many failed sign-ins a key may have in one window;
-	// once it has that many, every sign-in of the key is refused until the
-	// window lapses. Default 5.
-	MaxFailures int
+	// Name is the limit's name, in log lines. Default "sign-in".
+	Name string
+	// Key returns the client key of a sign-in request. It is given a copy of
+	// the request whose body it may read (the handler gets the body again
+	// from the start). ok false, or an empty key, lets the request pass to
+	// next uncounted (see Unidentified requests). Default: UsernameKey,
+	// which keys on the username alone and never on X-Forwarded-For.
+	Key func(*http.Request) (key string, ok bool)
+	// Limit is how many failed sign-ins a key may have in one window
+	// (1..pglimit.MaxLimit); once it has that many, every sign-in of the key
+	// is refused until the window lapses. Default 5.
+	Limit int
 	// Window is how long failures count: the window opens with a key's first
 	// failure and lapses Window later (later failures do not extend it).
 	// Default 15 minutes.
 	Window time.Duration
-	// Key returns the client key of a sign-in request. It is given a copy of
-	// the request whose body it may read (the handler gets the body again
-	// from the start). An error refuses the request with 400
-	// invalid-sign-in-request (413 sign-in-request-too-large for a
-	// *http.MaxBytesError); the error's text is not sent. Default:
-	// UsernameKey, which keys on the username alone and never on
-	// X-Forwarded-For.
-	Key func(*http.Request) (string, error)
+	// Strict reserves each attempt before the password is checked, so that
+	// no more than Limit passwords of a key are ever checked in a window,
+	// even under concurrent attempts. Default false (read, then write:
+	// cheaper, but attempts in flight when the limit is reached are still
+	// evaluated).
+	Strict bool
 	// MaxBodyBytes bounds the request body Handler buffers for Key and the
 	// handler. Default 64 KiB.
 	MaxBodyBytes int64
-	// Strict reserves each attempt before the password is checked, so that
-	// no more than MaxFailures passwords of a key are ever checked in a
-	// window, even under concurrent attempts. Default false (read, then
-	// write: cheaper, but attempts in flight when the limit is reached are
-	// still evaluated).
-	Strict bool
-	// OnRefused writes the response of a throttled sign-in. Default:
-	// WriteRefusal.
-	OnRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	// Logger receives writes that failed after the response was decided.
-	// Default slog.Default().
+	// Timeout bounds the database work of one check and of each write of
+	// an outcome when the caller's context has no sooner deadline, so a
+	// database that hangs fails the sign-in (503) instead of hanging it.
+	// Default 5s.
+	Timeout time.Duration
+	// OnError writes every response the Handler writes itself: a throttled
+	// key (*LimitError), a body too large (*http.MaxBytesError) or
+	// unreadable (ErrUnreadable), a failed check, a failure that could not
+	// be recorded (ErrNotRecorded). The Handler has logged a failure that
+	// is not a refusal before it calls OnError. Default: WriteError.
+	OnError func(http.ResponseWriter, *http.Request, error)
+	// Logger receives failed checks and writes that failed after the
+	// response was decided. Default slog.Default(), taken when New runs.
 	Logger *slog.Logger
 }
 
 // Limiter is the failed sign-in throttle. It is safe for concurrent use.
 type Limiter struct {
-	pool      *pgxpool.Pool
-	q         *db.Queries
-	max       int
-	window    time.Duration
-	key       func(*http.Request) (string, error)
-	maxBody   int64
-	strict    bool
-	onRefused func(http.ResponseWriter, *http.Request, *LimitError)
-	log       *slog.Logger
+	pool    *pgxpool.Pool
+	q       *db.Queries
+	name    string
+	max     int
+	window  time.Duration
+	key     func(*http.Request) (string, bool)
+	maxBody int64
+	strict  bool
+	timeout time.Duration
+	onError func(http.ResponseWriter, *http.Request, error)
+	log     *slog.Logger
 }
 
 // New returns a Limiter counting failures in pool's database. Every write
 // runs on pool itself, never on a transaction, so a failure stays counted
-// whatever happens to the request's own transaction.
+// whatever happens to the request's own transaction. It checks opts and
+// starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if pool == nil {
 		return nil, errors.New("signin: nil pool")
 	}
-	if opts.MaxFailures < 0 || opts.Window < 0 || opts.MaxBodyBytes < 0 {
-		return nil, errors.New("signin: negative option")
+	if opts.Name == "" {
+		opts.Name = DefaultName
 	}
-	if opts.MaxFailures == 0 {
-		opts.MaxFailures = DefaultMaxFailures
+	if opts.Limit == 0 {
+		opts.Limit = DefaultLimit
 	}
-	if opts.MaxFailures > pglimit.MaxLimit {
-		return nil, fmt.Errorf("signin: MaxFailures %d above pglimit.MaxLimit (%d)", opts.MaxFailures, pglimit.MaxLimit)
+	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
+		return nil, fmt.Errorf("signin: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.Window == 0 {
 		opts.Window = DefaultWindow
 	}
 	if opts.Window < time.Millisecond {
-		return nil, errors.New("signin: Window below a millisecond")
+		return nil, fmt.Errorf("signin: Window %v below a millisecond", opts.Window)
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if opts.MaxBodyBytes < 0 {
+		return nil, errors.New("signin: negative MaxBodyBytes")
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, errors.New("signin: negative Timeout")
+	}
 	if opts.Key == nil {
 		opts.Key = UsernameKey
 	}
-	if opts.OnRefused == nil {
-		opts.OnRefused = WriteRefusal
+	if opts.OnError == nil {
+		opts.OnError = WriteError
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	return &Limiter{
-		pool: pool, q: db.New(), max: opts.MaxFailures, window: opts.Window, key: opts.Key,
-		maxBody: opts.MaxBodyBytes, strict: opts.Strict, onRefused: opts.OnRefused, log: opts.Logger,
+		pool: pool, q: db.New(), name: opts.Name, max: opts.Limit, window: opts.Window, key: opts.Key,
+		maxBody: opts.MaxBodyBytes, strict: opts.Strict, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
 	}, nil
 }
 
-// MaxFailures is the number of failures that throttles a key.
-func (l *Limiter) MaxFailures() int { return l.max }
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.name }
+
+// Limit is the number of failures that throttles a key.
+func (l *Limiter) Limit() int { return l.max }
 
 // Window is how long failures count.
 func (l *Limiter) Window() time.Duration { return l.window }
@@ -207,15 +254,28 @@ func (l *Limiter) Window() time.Duration { return l.window }
 func (l *Limiter) Strict() bool { return l.strict }
 
 // ErrNoAttempt is returned by Failed, Succeeded and Abandoned when the
-// context carries no attempt (the handler is not wrapped by Handler).
+// context carries no Permit (the handler is not wrapped by Handler, or the
+// request was unidentified).
 var ErrNoAttempt = errors.New("signin: no sign-in attempt in context")
 
-// ErrNoKey is what a key function returns when the request names no
-// username.
-var ErrNoKey = errors.New("signin: no username in the request")
+// ErrNoKey is returned by Acquire for an empty key.
+var ErrNoKey = errors.New("signin: no key")
+
+// ErrUnreadable is matched by the error OnError gets for a request body
+// that could not be read (other than one too large, a
+// *http.MaxBytesError): WriteError answers 400 invalid-sign-in-request.
+var ErrUnreadable = errors.New("signin: the sign-in request body cannot be read")
+
+// ErrNotRecorded is matched by the error OnError gets when the handler
+// answered 401 but the failure could not be counted: an uncounted failure
+// must not look like a counted one, so WriteError answers 503
+// sign-in-unavailable instead of the handler's 401.
+var ErrNotRecorded = errors.New("signin: the failed sign-in could not be recorded")
 
 // LimitError is a throttled sign-in.
 type LimitError struct {
+	// Name is the limit's name (Options.Name).
+	Name string
 	// Limit is the number of failures that throttles a key.
 	Limit int
 	// Failures is the key's failures in its window.
@@ -238,14 +298,14 @@ const (
 	pending outcome = iota
 	failed
 	succeeded
-	abandoned
+	released
 )
 
-// Attempt is one sign-in the throttle let through. Report how it ended with
-// exactly one of RecordFailure, Succeeded or Abandon; the first report
+// Permit is one sign-in attempt the throttle let through. Report how it
+// ended with exactly one of Fail, Succeed or Release; the first report
 // counts and later ones do nothing. Its methods are safe for concurrent
 // use.
-type Attempt struct {
+type Permit struct {
 	l        *Limiter
 	key      string
 	prior    int32 // live failures the read saw (normal mode)
@@ -256,7 +316,7 @@ type Attempt struct {
 }
 
 // Key returns the attempt's key as stored in login_attempt.
-func (a *Attempt) Key() string { return a.key }
+func (p *Permit) Key() string { return p.key }
 
 // StoredKey is the form of key kept in login_attempt: key itself when it is
 // valid UTF-8 without NUL and at most 200 bytes, otherwise "sha256:" and the
@@ -278,23 +338,31 @@ func containsNUL(s string) bool {
 	return false
 }
 
-// Check begins a sign-in attempt of key for callers that are not HTTP
-// handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when the key
-// is throttled; then the password must not be checked. Any other error is
-// the database's, and the sign-in must fail (closed): dberr.IsUnavailable
-// tells a database that cannot be reached. In normal mode Check is the one
-// read of LoginAttemptGet; in strict mode it is the reservation.
-func (l *Limiter) Check(ctx context.Context, key string) (*Attempt, error) {
+// Acquire begins a sign-in attempt of key, for callers that are not HTTP
+// handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
+// the key is throttled; then the password must not be checked. Any other
+// error is the database's (pglimit.Classify tells a database that cannot
+// be reached) or ctx's, and the sign-in must fail (closed). In normal mode
+// Acquire is the one read of LoginAttemptGet; in strict mode it is the
+// reservation. Report the outcome on the Permit: Fail, Succeed or Release.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
 		return nil, ErrNoKey
 	}
 	key = StoredKey(key)
+	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	p, err := l.acquire(ctx, key)
+	return p, dberr.OwnTimeout(ctx, err)
+}
+
+func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
 	if l.strict {
 		return l.reserve(ctx, key)
 	}
 	row, err := l.q.LoginAttemptGet(ctx, l.pool, key)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return &Attempt{l: l, key: key}, nil
+		return &Permit{l: l, key: key}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("signin: read throttle: %w", err)
@@ -302,17 +370,17 @@ func (l *Limiter) Check(ctx context.Context, key string) (*Attempt, error) {
 	if int(row.Failures) >= l.max {
 		return nil, l.limitError(row.Failures, row.RetryMs)
 	}
-	return &Attempt{l: l, key: key, prior: row.Failures}, nil
+	return &Permit{l: l, key: key, prior: row.Failures}, nil
 }
 
 func (l *Limiter) limitError(failures int32, retryMs int64) *LimitError {
-	return &LimitError{Limit: l.max, Failures: int(failures),
+	return &LimitError{Name: l.name, Limit: l.max, Failures: int(failures),
 		RetryAfter: max(time.Second, time.Duration(retryMs)*time.Millisecond)}
 }
 
-// reserve is strict mode's Check: one atomic statement that counts the
+// reserve is strict mode's Acquire: one atomic statement that counts the
 // attempt up front only while the key is under the limit.
-func (l *Limiter) reserve(ctx context.Context, key string) (*Attempt, error) {
+func (l *Limiter) reserve(ctx context.Context, key string) (*Permit, error) {
 	params := &db.LoginAttemptReserveParams{Key: key, WindowMs: l.window.Milliseconds(), MaxFailures: int32(l.max)}
 	for try := 0; ; try++ {
 		row, err := l.q.LoginAttemptReserve(ctx, l.pool, params)
@@ -320,7 +388,7 @@ func (l *Limiter) reserve(ctx context.Context, key string) (*Attempt, error) {
 			return nil, fmt.Errorf("signin: reserve attempt: %w", err)
 		}
 		if err == nil && row.Reserved {
-			return &Attempt{l: l, key: key, reserved: true}, nil
+			return &Permit{l: l, key: key, reserved: true}, nil
 		}
 		if err == nil && row.RetryMs > 0 {
 			return nil, l.limitError(row.Failures, row.RetryMs)
@@ -344,86 +412,91 @@ func (l *Limiter) reserve(ctx context.Context, key string) (*Attempt, error) {
 }
 
 // decide sets the outcome once; it reports whether this call set it.
-func (a *Attempt) decide(o outcome) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.out != pending {
+func (p *Permit) decide(o outcome) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.out != pending {
 		return false
 	}
-	a.out = o
+	p.out = o
 	return true
 }
 
 // undecide resets an outcome whose write failed, so that it is not taken
 // for done.
-func (a *Attempt) undecide() {
-	a.mu.Lock()
-	a.out = pending
-	a.mu.Unlock()
+func (p *Permit) undecide() {
+	p.mu.Lock()
+	p.out = pending
+	p.mu.Unlock()
 }
 
-func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+// writeCtx bounds a write of an outcome by the Limiter's Timeout; the write
+// outlives ctx's cancellation (a client that goes away still has its
+// failure counted).
+func (p *Permit) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return dberr.WithTimeout(context.WithoutCancel(ctx), p.l.timeout)
 }
 
-// RecordFailure counts the attempt as a failed sign-in, in a statement of
-// its own on the pool (its own transaction), so it is counted whatever
-// becomes of the caller's transaction, and even when ctx is already
-// canceled. In strict mode the reservation already counted it and nothing
-// is written. An error means the failure was not counted: fail the sign-in
-// as if the database could not be reached.
-func (a *Attempt) RecordFailure(ctx context.Context) error {
-	if !a.decide(failed) {
+// Fail counts the attempt as a failed sign-in, in a statement of its own
+// on the pool (its own transaction), so it is counted whatever becomes of
+// the caller's transaction, and even when ctx is already canceled. In
+// strict mode the reservation already counted it and nothing is written.
+// An error means the failure was not counted: fail the sign-in as if the
+// database could not be reached.
+func (p *Permit) Fail(ctx context.Context) error {
+	if p == nil || !p.decide(failed) {
 		return nil
 	}
-	if a.reserved {
+	if p.reserved {
 		return nil
 	}
-	ctx, cancel := writeCtx(ctx)
+	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
-	if _, err := a.l.q.LoginAttemptRecordFailure(ctx, a.l.pool, &db.LoginAttemptRecordFailureParams{
-		Key: a.key, WindowMs: a.l.window.Milliseconds(),
+	if _, err := p.l.q.LoginAttemptRecordFailure(ctx, p.l.pool, &db.LoginAttemptRecordFailureParams{
+		Key: p.key, WindowMs: p.l.window.Milliseconds(),
 	}); err != nil {
-		a.undecide()
-		return fmt.Errorf("signin: record failure: %w", err)
+		p.undecide()
+		return fmt.Errorf("signin: record failure: %w", dberr.OwnTimeout(ctx, err))
 	}
 	return nil
 }
 
-// Succeeded clears the key's failures after a successful sign-in: one
-// delete when there were failures (or a reservation), nothing otherwise. An
-// error leaves the failures counted (the safe direction); the sign-in
-// itself has succeeded.
-func (a *Attempt) Succeeded(ctx context.Context) error {
-	if !a.decide(succeeded) {
+// Succeed clears the key's failures after a successful sign-in: one delete
+// when there were failures (or a reservation), nothing otherwise. An error
+// leaves the failures counted (the safe direction); the sign-in itself has
+// succeeded.
+func (p *Permit) Succeed(ctx context.Context) error {
+	if p == nil || !p.decide(succeeded) {
 		return nil
 	}
-	if !a.reserved && a.prior == 0 {
+	if !p.reserved && p.prior == 0 {
 		return nil
 	}
-	ctx, cancel := writeCtx(ctx)
+	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
-	if err := a.l.q.LoginAttemptClear(ctx, a.l.pool, a.key); err != nil {
-		return fmt.Errorf("signin: clear failures: %w", err)
+	if err := p.l.q.LoginAttemptClear(ctx, p.l.pool, p.key); err != nil {
+		return fmt.Errorf("signin: clear failures: %w", dberr.OwnTimeout(ctx, err))
 	}
 	return nil
 }
 
-// Abandon says the request was not a sign-in attempt after all (a malformed
-// request, a server error): no password was judged. In strict mode the
-// reservation is given back (LoginAttemptUnreserve); in normal mode nothing
-// is written.
-func (a *Attempt) Abandon(ctx context.Context) error {
-	if !a.decide(abandoned) {
+// Release ends the attempt as neither a failure nor a success: the request
+// was not a sign-in attempt after all (a malformed request, a server
+// error), no password was judged. In strict mode the reservation is given
+// back (LoginAttemptUnreserve); in normal mode nothing is written. It is
+// safe to call after Fail or Succeed (it then does nothing), and more than
+// once.
+func (p *Permit) Release(ctx context.Context) error {
+	if p == nil || !p.decide(released) {
 		return nil
 	}
-	if !a.reserved {
+	if !p.reserved {
 		return nil
 	}
-	ctx, cancel := writeCtx(ctx)
+	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
-	if err := a.l.q.LoginAttemptUnreserve(ctx, a.l.pool, a.key); err != nil {
-		return fmt.Errorf("signin: give back reservation: %w", err)
+	if err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key); err != nil {
+		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
 	}
 	return nil
 }
@@ -451,71 +524,97 @@ func (l *Limiter) List(ctx context.Context) ([]Throttle, error) {
 	return out, nil
 }
 
-type attemptKey struct{}
+type permitKey struct{}
 
-// FromContext returns the attempt of the sign-in request ctx belongs to.
-func FromContext(ctx context.Context) (*Attempt, bool) {
-	a, ok := ctx.Value(attemptKey{}).(*Attempt)
-	return a, ok
+// FromContext returns the Permit of the sign-in request ctx belongs to; ok
+// false for a request the Handler let through unidentified (or one it did
+// not wrap): check no password then.
+func FromContext(ctx context.Context) (*Permit, bool) {
+	p, ok := ctx.Value(permitKey{}).(*Permit)
+	return p, ok
 }
 
-// NewContext returns ctx carrying a, for code that calls Check itself and
-// hands the attempt down.
-func NewContext(ctx context.Context, a *Attempt) context.Context {
-	return context.WithValue(ctx, attemptKey{}, a)
+// NewContext returns ctx carrying p, for code that calls Acquire itself and
+// hands the Permit down.
+func NewContext(ctx context.Context, p *Permit) context.Context {
+	return context.WithValue(ctx, permitKey{}, p)
 }
 
-// Failed records the failed sign-in of ctx's attempt now, in its own
-// transaction (see Attempt.RecordFailure). Call it before writing the
-// response; the handler may then roll back its own transaction.
+// Failed records the failed sign-in of ctx's Permit now, in its own
+// transaction (see Permit.Fail). Call it before writing the response; the
+// handler may then roll back its own transaction.
 func Failed(ctx context.Context) error {
-	a, ok := FromContext(ctx)
+	p, ok := FromContext(ctx)
 	if !ok {
 		return ErrNoAttempt
 	}
-	return a.RecordFailure(ctx)
+	return p.Fail(ctx)
 }
 
-// Succeeded reports a successful sign-in of ctx's attempt now (see
-// Attempt.Succeeded).
+// Succeeded reports a successful sign-in of ctx's Permit now (see
+// Permit.Succeed).
 func Succeeded(ctx context.Context) error {
-	a, ok := FromContext(ctx)
+	p, ok := FromContext(ctx)
 	if !ok {
 		return ErrNoAttempt
 	}
-	return a.Succeeded(ctx)
+	return p.Succeed(ctx)
 }
 
 // Abandoned reports that ctx's request was not a sign-in attempt (see
-// Attempt.Abandon).
+// Permit.Release).
 func Abandoned(ctx context.Context) error {
-	a, ok := FromContext(ctx)
+	p, ok := FromContext(ctx)
 	if !ok {
 		return ErrNoAttempt
 	}
-	return a.Abandon(ctx)
+	return p.Release(ctx)
 }
 
-// WriteRefusal is the default refusal: 429 problem+json
-// too-many-failed-sign-ins with Retry-After and the members limit and
-// retryAfter (seconds). It says the same for every username, known or not.
-func WriteRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
-	retry := problem.RetryAfterSeconds(e.RetryAfter)
-	problem.Write(w, &problem.Details{
-		Slug:   SlugTooMany,
-		Title:  "Too many failed sign-ins",
-		Status: http.StatusTooManyRequests,
-		Detail: fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
-			e.Limit, retry),
-		Instance:   r.URL.Path,
-		RetryAfter: time.Duration(retry) * time.Second,
-		Extensions: map[string]any{"limit": e.Limit, "retryAfter": retry},
-	})
+// WriteError answers a failed sign-in request; it is the default
+// Options.OnError:
+//
+//   - *LimitError: 429 too-many-failed-sign-ins with Retry-After and the
+//     members limit and retryAfter (seconds), the same for every username,
+//     known or not;
+//   - *http.MaxBytesError: 413 sign-in-request-too-large;
+//   - ErrUnreadable: 400 invalid-sign-in-request;
+//   - ErrNotRecorded, a database that cannot be reached or did not answer
+//     in time (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
+//     sign-in-unavailable with Retry-After;
+//   - a client that went away (pglimit.ClassCanceled): nothing;
+//   - anything else: 500 internal-error, without the error's text.
+//
+// It logs nothing: the Handler logs before it calls OnError.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		le       *LimitError
+		tooLarge *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &le):
+		retry := problem.RetryAfterSeconds(le.RetryAfter)
+		problem.Write(w, &problem.Details{
+			Slug:   SlugTooMany,
+			Title:  "Too many failed sign-ins",
+			Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
+				le.Limit, retry),
+			Instance:   r.URL.Path,
+			RetryAfter: time.Duration(retry) * time.Second,
+			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry},
+		})
+	case errors.As(err, &tooLarge):
+		problem.Write(w, &problem.Details{Slug: SlugTooLarge, Title: "Sign-in request too large",
+			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
+	case errors.Is(err, ErrUnreadable):
+		problem.BadRequest(w, SlugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
+	case errors.Is(err, ErrNotRecorded):
+		problem.Unavailable(w, r, SlugUnavailable, detailUnavailable)
+	default:
+		respond.Error(w, r, err, SlugUnavailable, detailUnavailable)
+	}
 }
 
 // detailUnavailable is the detail of a 503 sign-in-unavailable.
 const detailUnavailable = "Sign-in is unavailable: the failed sign-in throttle cannot be reached. Try again shortly."
-
-func writeUnavailable(w http.ResponseWriter, r *http.Request, err error) {
-	respond.Error(w, r, err, SlugUnavailable, detailUnavailable)
-}

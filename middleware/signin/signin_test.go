@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -29,7 +30,7 @@ import (
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 const rightPassword = "correct horse"
 
@@ -272,7 +273,7 @@ func TestUsernamesAreNormalised(t *testing.T) {
 	}
 
 	pool, _ := pgtest.NewDB(t, 4)
-	h := newLimiter(t, pool, signin.Options{MaxFailures: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
 	for _, u := range []string{"alice", " ALICE", "Ａlice"} {
 		if got := signIn(t, h, u, "wrong"); got.status != http.StatusUnauthorized {
 			t.Fatalf("%q: %d", u, got.status)
@@ -343,9 +344,9 @@ func TestStatementCounts(t *testing.T) {
 	)
 	pool, tr := tracedPool(t, pgtest.URL(t))
 	a := newApp(t, "alice")
-	normal := newLimiter(t, pool, signin.Options{MaxFailures: 2}).Handler(a)
-	strict := newLimiter(t, pool, signin.Options{MaxFailures: 2, Strict: true}).Handler(a)
-	notAttempt := newLimiter(t, pool, signin.Options{MaxFailures: 2, Strict: true}).Handler(
+	normal := newLimiter(t, pool, signin.Options{Limit: 2}).Handler(a)
+	strict := newLimiter(t, pool, signin.Options{Limit: 2, Strict: true}).Handler(a)
+	notAttempt := newLimiter(t, pool, signin.Options{Limit: 2, Strict: true}).Handler(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			problem.BadRequest(w, "invalid-request", "Invalid request", "Password missing.")
 		}))
@@ -399,7 +400,7 @@ func TestStatementCounts(t *testing.T) {
 func TestUnknownUsernamesLikeKnown(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
-	h := newLimiter(t, pool, signin.Options{MaxFailures: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
 	strip := func(r response) response {
 		r.header = r.header.Clone()
 		r.header.Del("Date")
@@ -558,7 +559,7 @@ func TestWindowLapses(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	const window = 1500 * time.Millisecond
-	h := newLimiter(t, pool, signin.Options{MaxFailures: 2, Window: window}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Limit: 2, Window: window}).Handler(newApp(t, "alice"))
 	first := time.Now()
 	signIn(t, h, "alice", "wrong")
 	signIn(t, h, "alice", "wrong")
@@ -599,7 +600,7 @@ func burst(t *testing.T, strict bool, n, limit int) (a *app, statuses map[int]in
 	for i := 0; i < 3; i++ {
 		pool := pgtest.Pool(t, url, 10)
 		pools = append(pools, pool)
-		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{MaxFailures: limit, Strict: strict}).Handler(a))
+		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{Limit: limit, Strict: strict}).Handler(a))
 		t.Cleanup(srv.Close)
 		servers = append(servers, srv)
 	}
@@ -697,7 +698,7 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 			w.WriteHeader(http.StatusUnauthorized)
 		}
 	})
-	h := newLimiter(t, pool, signin.Options{MaxFailures: 3, Strict: true}).Handler(handler)
+	h := newLimiter(t, pool, signin.Options{Limit: 3, Strict: true}).Handler(handler)
 	for _, m := range []string{"400", "500", "panic", "nothing", "explicit"} {
 		mode.Store(m)
 		func() {
@@ -719,24 +720,31 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 	}
 }
 
-// TestBadInput: requests without a usable username never reach the
-// handler and never fail with a 500; odd but valid usernames are throttled
-// like any other.
+// TestBadInput: requests without a usable username pass to the handler
+// unidentified (no Permit in the context, nothing counted), so the handler
+// answers them; a body too large never reaches it; nothing fails with a
+// 500; odd but valid usernames are throttled like any other.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
-	reached := atomic.Int64{}
+	var reached, unidentified atomic.Int64
 	h := newLimiter(t, pool, signin.Options{MaxBodyBytes: 16 << 10}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
+		if _, ok := signin.FromContext(r.Context()); !ok {
+			// What a sign-in handler does with a request the throttle could
+			// not identify: refuse it, never check a password.
+			unidentified.Add(1)
+			problem.BadRequest(w, "no-username", "No username", "Send a username.")
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		if len(body) == 0 {
 			t.Error("the handler got an empty body")
 		}
 		w.WriteHeader(http.StatusUnauthorized)
 	}))
-	invalid := map[string]any{
-		"type": "urn:pglimit:problem:invalid-sign-in-request", "title": "Invalid sign-in request", "status": float64(400),
-		"detail": "The sign-in request must carry a username (a JSON object or a form with the field \"username\").",
+	noUsername := map[string]any{
+		"type": "urn:pglimit:problem:no-username", "title": "No username", "status": float64(400), "detail": "Send a username.",
 	}
 	tooLarge := map[string]any{
 		"type": "urn:pglimit:problem:sign-in-request-too-large", "title": "Sign-in request too large", "status": float64(413),
@@ -747,16 +755,16 @@ func TestBadInput(t *testing.T) {
 		status                  int
 		want                    map[string]any
 	}{
-		{"empty body", "application/json", "", 400, invalid},
-		{"not json", "application/json", "{username:", 400, invalid},
-		{"json array", "application/json", `["alice"]`, 400, invalid},
-		{"no username", "application/json", `{"password":"x"}`, 400, invalid},
-		{"username a number", "application/json", `{"username":42}`, 400, invalid},
-		{"empty username", "application/json", `{"username":""}`, 400, invalid},
-		{"blank username", "application/json", `{"username":" \t "}`, 400, invalid},
-		{"null username", "application/json", `{"username":null}`, 400, invalid},
-		{"unknown content type", "text/plain", `username=alice`, 400, invalid},
-		{"bad form", "application/x-www-form-urlencoded", `username=%zz`, 400, invalid},
+		{"empty body", "application/json", "", 400, noUsername},
+		{"not json", "application/json", "{username:", 400, noUsername},
+		{"json array", "application/json", `["alice"]`, 400, noUsername},
+		{"no username", "application/json", `{"password":"x"}`, 400, noUsername},
+		{"username a number", "application/json", `{"username":42}`, 400, noUsername},
+		{"empty username", "application/json", `{"username":""}`, 400, noUsername},
+		{"blank username", "application/json", `{"username":" \t "}`, 400, noUsername},
+		{"null username", "application/json", `{"username":null}`, 400, noUsername},
+		{"unknown content type", "text/plain", `username=alice`, 400, noUsername},
+		{"bad form", "application/x-www-form-urlencoded", `username=%zz`, 400, noUsername},
 		{"too large", "application/json", `{"username":"alice","password":"` + strings.Repeat("x", 20<<10) + `"}`, 413, tooLarge},
 		{"NUL in username", "application/json", `{"username":"al\u0000ice"}`, 401, nil},
 		{"invalid UTF-8 in a form", "application/x-www-form-urlencoded", "username=%ff%fe", 401, nil},
@@ -767,7 +775,7 @@ func TestBadInput(t *testing.T) {
 		{"json+problem type", "application/vnd.api+json; charset=utf-8", `{"username":"bob"}`, 401, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := reached.Load()
+			before, beforeUnidentified := reached.Load(), unidentified.Load()
 			req := httptest.NewRequest(http.MethodPost, "/api/session", strings.NewReader(tc.body))
 			if tc.contentType != "" {
 				req.Header.Set("Content-Type", tc.contentType)
@@ -782,15 +790,24 @@ func TestBadInput(t *testing.T) {
 				if diff := cmp.Diff(tc.want, got.body); diff != "" {
 					t.Errorf("body (-want +got):\n%s", diff)
 				}
-				if reached.Load() != before {
-					t.Error("the handler ran")
-				}
+			}
+			switch {
+			case tc.status == http.StatusRequestEntityTooLarge && reached.Load() != before:
+				t.Error("the handler ran for a body too large")
+			case tc.status == http.StatusBadRequest && unidentified.Load() != beforeUnidentified+1:
+				t.Error("the request did not reach the handler unidentified")
+			case tc.status == http.StatusUnauthorized && unidentified.Load() != beforeUnidentified:
+				t.Error("a request with a username reached the handler without a Permit")
 			}
 		})
 	}
-	// Form and JSON spellings of bob count together.
+	// Form and JSON spellings of bob count together; the unidentified
+	// requests counted against nobody.
 	if n := failures(t, pool, "username:bob"); n != 4 {
 		t.Errorf("bob: %d failures, want 4", n)
+	}
+	if n := failures(t, pool, "username:alice"); n != 0 {
+		t.Errorf("alice: %d failures from requests the throttle could not identify, want 0", n)
 	}
 }
 
@@ -817,7 +834,7 @@ func TestStoredKey(t *testing.T) {
 	}
 }
 
-// TestNonHTTPAPI: Check, RecordFailure and Succeeded for callers that are
+// TestNonHTTPAPI: Acquire, Fail, Succeed and Release for callers that are
 // not HTTP handlers.
 func TestNonHTTPAPI(t *testing.T) {
 	t.Parallel()
@@ -826,17 +843,17 @@ func TestNonHTTPAPI(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
 			key := fmt.Sprintf("cli:%v", strict)
-			l := newLimiter(t, pool, signin.Options{MaxFailures: 2, Strict: strict})
+			l := newLimiter(t, pool, signin.Options{Limit: 2, Strict: strict})
 			for i := 0; i < 2; i++ {
-				a, err := l.Check(ctx, key)
+				a, err := l.Acquire(ctx, key)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := a.RecordFailure(ctx); err != nil {
+				if err := a.Fail(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
-			_, err := l.Check(ctx, key)
+			_, err := l.Acquire(ctx, key)
 			var le *signin.LimitError
 			if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 				t.Fatalf("third check: %v, want a *LimitError", err)
@@ -844,20 +861,20 @@ func TestNonHTTPAPI(t *testing.T) {
 			if le.Limit != 2 || le.Failures != 2 || le.RetryAfter <= 14*time.Minute || le.RetryAfter > 15*time.Minute {
 				t.Fatalf("LimitError %+v", le)
 			}
-			if _, err := l.Check(ctx, ""); !errors.Is(err, signin.ErrNoKey) {
+			if _, err := l.Acquire(ctx, ""); !errors.Is(err, signin.ErrNoKey) {
 				t.Fatalf("empty key: %v", err)
 			}
 			if _, err := pool.Exec(ctx, `DELETE FROM pglimit.login_attempt WHERE key = $1`, key); err != nil {
 				t.Fatal(err)
 			}
-			a, err := l.Check(ctx, key)
+			a, err := l.Acquire(ctx, key)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := a.Succeeded(ctx); err != nil {
+			if err := a.Succeed(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.RecordFailure(ctx); err != nil { // after the outcome: ignored
+			if err := a.Fail(ctx); err != nil { // after the outcome: ignored
 				t.Fatal(err)
 			}
 			if n := failures(t, pool, key); n != 0 {
@@ -870,27 +887,88 @@ func TestNonHTTPAPI(t *testing.T) {
 	}
 }
 
-// TestOptions are checked once, at New.
-func TestOptions(t *testing.T) {
+// TestBadOptions are refused by New, each with an error naming what is
+// wrong; the defaults of a good set are applied.
+func TestBadOptions(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 1)
-	for name, o := range map[string]signin.Options{
-		"negative failures": {MaxFailures: -1},
-		"negative window":   {Window: -time.Second},
-		"tiny window":       {Window: time.Microsecond},
-		"negative body":     {MaxBodyBytes: -1},
-		"huge failures":     {MaxFailures: 1 << 30},
+	for _, tc := range []struct {
+		name string
+		opts signin.Options
+		want string
+	}{
+		{"negative limit", signin.Options{Limit: -1}, "Limit"},
+		{"limit above MaxLimit", signin.Options{Limit: pglimit.MaxLimit + 1}, "Limit"},
+		{"negative window", signin.Options{Window: -time.Second}, "Window"},
+		{"tiny window", signin.Options{Window: time.Microsecond}, "Window"},
+		{"negative body", signin.Options{MaxBodyBytes: -1}, "MaxBodyBytes"},
+		{"negative timeout", signin.Options{Timeout: -time.Second}, "Timeout"},
 	} {
-		if _, err := signin.New(pool, o); err == nil {
-			t.Errorf("%s: New accepted %+v", name, o)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := signin.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error naming %s", err, tc.want)
+			}
+		})
 	}
 	if _, err := signin.New(nil, signin.Options{}); err == nil {
 		t.Error("New accepted a nil pool")
 	}
 	l := newLimiter(t, pool, signin.Options{})
-	if l.MaxFailures() != 5 || l.Window() != 15*time.Minute || l.Strict() {
-		t.Errorf("defaults: %d %v %v", l.MaxFailures(), l.Window(), l.Strict())
+	if l.Limit() != 5 || l.Window() != 15*time.Minute || l.Strict() || l.Name() != "sign-in" {
+		t.Errorf("defaults: %d %v %v %q", l.Limit(), l.Window(), l.Strict(), l.Name())
+	}
+	if _, err := signin.New(pool, signin.Options{Limit: pglimit.MaxLimit}); err != nil {
+		t.Errorf("New at MaxLimit: %v", err)
+	}
+}
+
+// TestOnErrorWritesEveryResponse: a throttled key, a body too large, a
+// database that cannot be reached and a failure that cannot be recorded
+// all go through OnError.
+func TestOnErrorWritesEveryResponse(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewDB(t, 2)
+	var got []error
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
+		got = append(got, err)
+		w.WriteHeader(http.StatusTeapot)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	h := newLimiter(t, pool, signin.Options{Limit: 1, MaxBodyBytes: 1 << 10, OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
+	signIn(t, h, "alice", "wrong")
+	if res := signIn(t, h, "alice", "wrong"); res.status != http.StatusTeapot || len(got) != 1 || !errors.Is(got[0], pglimit.ErrLimited) {
+		t.Fatalf("throttled: %d, OnError got %v", res.status, got)
+	}
+	if res := signIn(t, h, "bob", strings.Repeat("x", 2<<10)); res.status != http.StatusTeapot || len(got) != 2 {
+		t.Fatalf("too large: %d, OnError got %v", res.status, got)
+	}
+	var tooLarge *http.MaxBytesError
+	if !errors.As(got[1], &tooLarge) {
+		t.Errorf("too large: OnError got %v, want a *http.MaxBytesError", got[1])
+	}
+	closed := pgtest.Pool(t, url, 1)
+	closed.Close()
+	down := newLimiter(t, closed, signin.Options{OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
+	if res := signIn(t, down, "alice", "wrong"); res.status != http.StatusTeapot || len(got) != 3 || pglimit.Classify(got[2]) != pglimit.ClassUnavailable {
+		t.Fatalf("database closed: %d, OnError got %v", res.status, got)
+	}
+	// The check passes; the failure cannot be written (the table is gone
+	// by the time the handler answers).
+	a := newApp(t, "carol")
+	a.during = func(r *http.Request, _ string) {
+		if _, err := pool.Exec(context.Background(), `ALTER TABLE pglimit.login_attempt RENAME TO login_attempt_gone`); err != nil {
+			t.Error(err)
+		}
+	}
+	defer pool.Exec(context.Background(), `ALTER TABLE pglimit.login_attempt_gone RENAME TO login_attempt`)
+	h = newLimiter(t, pool, signin.Options{OnError: onError, Logger: quiet}).Handler(a)
+	if res := signIn(t, h, "carol", "wrong"); res.status != http.StatusTeapot || len(got) != 4 || !errors.Is(got[3], signin.ErrNotRecorded) {
+		t.Fatalf("failure not recorded: %d, OnError got %v", res.status, got)
+	}
+	rec := httptest.NewRecorder()
+	signin.WriteError(rec, httptest.NewRequest(http.MethodPost, "/api/session", nil), got[3])
+	if diff := cmp.Diff(wantUnavailable, decode(t, rec.Result()).body); diff != "" || rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("WriteError of an unrecorded failure: %d (-want +got):\n%s", rec.Code, diff)
 	}
 }
 
@@ -899,7 +977,7 @@ func TestOptions(t *testing.T) {
 func TestForwardedForIsIgnored(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, signin.Options{MaxFailures: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
 	var last response
 	for i := 0; i < 4; i++ {
 		req := httptest.NewRequest(http.MethodPost, "/api/session", strings.NewReader(`{"username":"alice","password":"x"}`))

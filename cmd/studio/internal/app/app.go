@@ -309,11 +309,11 @@ func (a *App) setupLimits() error {
 		return err
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{
-		Key:         signInKey,
-		MaxFailures: cfg.SignInFailures,
-		Window:      cfg.SignInWindow,
-		Strict:      cfg.SignInStrict,
-		Logger:      a.log,
+		Key:    signInKey,
+		Limit:  cfg.SignInFailures,
+		Window: cfg.SignInWindow,
+		Strict: cfg.SignInStrict,
+		Logger: a.log,
 	})
 	if err != nil {
 		return err

@@ -32,25 +32,34 @@ type sessionRequest struct {
 // normalised as signin.UsernameKey does, whatever the Content-Type says:
 // the service reads every JSON body that way (decodeJSON), and curl -d
 // sends a form type. A body that is not a JSON object with a username is
-// refused by the throttle with 400 invalid-sign-in-request.
-func signInKey(r *http.Request) (string, error) {
+// not identified: it reaches handleSession without a Permit, which answers
+// 400 invalid-sign-in-request.
+func signInKey(r *http.Request) (string, bool) {
 	var req struct {
 		Username *string `json:"username"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Username == nil {
-		return "", signin.ErrNoKey
+		return "", false
 	}
 	username := signin.NormalizeUsername(*req.Username)
 	if username == "" {
-		return "", signin.ErrNoKey
+		return "", false
 	}
-	return "username:" + username, nil
+	return "username:" + username, true
 }
 
 // handleSession signs in (POST /api/session) behind the sign-in throttle:
 // 200 {"token"} or 401 invalid-credentials, the same for an unknown
-// username and a wrong password.
+// username and a wrong password; 400 invalid-sign-in-request when the
+// throttle found no username to count the attempt against.
 func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
+	if _, ok := signin.FromContext(r.Context()); !ok {
+		// The throttle could not read a username: it counted nothing, so
+		// no password may be checked.
+		problem.BadRequest(w, "invalid-sign-in-request", "Invalid sign-in request",
+			"The sign-in request must carry a username (a JSON object or a form with the field \"username\").")
+		return
+	}
 	var req sessionRequest
 	if !decodeJSON(w, r, &req, 4096) {
 		return
