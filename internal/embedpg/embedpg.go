@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,9 +60,10 @@ type Cluster struct {
 	cred     *syscall.Credential
 	ownDir   string // directory removed by Stop
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	frozen []int // the processes Freeze stopped, postmaster first
 }
 
 // URL returns the connection string of database name on the cluster.
@@ -316,6 +318,7 @@ func (c *Cluster) stop(mode string) error {
 	if c.cmd == nil {
 		return nil
 	}
+	c.thaw()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := c.run(ctx, "pg_ctl", "stop", "-D", c.DataDir, "-m", mode, "-w")
@@ -343,6 +346,84 @@ func (c *Cluster) Stop() error {
 	}
 	c.removeDir()
 	return err
+}
+
+// Freeze stops the server's processes with SIGSTOP — the postmaster first,
+// so that it starts no new ones, then every process it started (backends,
+// checkpointer, walwriter, ...) — so that the server hangs rather than
+// refuses: connections stay open, the kernel accepts new ones, and nothing
+// answers. It is how a stalled primary or a network path that drops packets
+// looks to a client. Thaw (or Stop) lets it go on.
+func (c *Cluster) Freeze() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return errors.New("embedpg: server not running")
+	}
+	if c.frozen != nil {
+		return nil
+	}
+	pm := c.cmd.Process.Pid
+	if err := syscall.Kill(pm, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("embedpg: SIGSTOP postmaster: %w", err)
+	}
+	c.frozen = []int{pm}
+	// A child forked just before the postmaster stopped is found on a
+	// second pass.
+	for pass := 0; pass < 2; pass++ {
+		for _, pid := range childrenOf(pm) {
+			if slices.Contains(c.frozen, pid) {
+				continue
+			}
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err == nil {
+				c.frozen = append(c.frozen, pid)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// Thaw continues the processes Freeze stopped (SIGCONT).
+func (c *Cluster) Thaw() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.thaw()
+}
+
+func (c *Cluster) thaw() {
+	for i := len(c.frozen) - 1; i >= 0; i-- {
+		_ = syscall.Kill(c.frozen[i], syscall.SIGCONT)
+	}
+	c.frozen = nil
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // gone
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		s := string(b)
+		end := strings.LastIndexByte(s, ')')
+		if end < 0 {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(fields[1]); err == nil && ppid == pid {
+			if child, err := strconv.Atoi(strings.Fields(s)[0]); err == nil {
+				out = append(out, child)
+			}
+		}
+	}
+	return out
 }
 
 const (

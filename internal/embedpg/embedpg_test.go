@@ -105,3 +105,67 @@ func TestReplicaStreams(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestFreezeThaw freezes a cluster with a connection open: a statement on
+// it and a new connection both hang (they end only by their own
+// deadlines), and after Thaw the same connection answers again. A frozen
+// cluster still stops.
+func TestFreezeThaw(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	hangs := func(what string, f func(context.Context) error) {
+		t.Helper()
+		qctx, qcancel := context.WithTimeout(ctx, time.Second)
+		defer qcancel()
+		start := time.Now()
+		err := f(qctx)
+		if err == nil || time.Since(start) < 900*time.Millisecond {
+			t.Errorf("%s on a frozen cluster: %v after %v, want a hang until the deadline", what, err, time.Since(start))
+		}
+	}
+	hangs("a statement on an open connection", func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, `SELECT 1`)
+		return err
+	})
+	hangs("a new connection", func(ctx context.Context) error {
+		c2, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err == nil {
+			c2.Close(context.Background())
+		}
+		return err
+	})
+	c.Thaw()
+	conn2, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatalf("after Thaw: %v", err)
+	}
+	defer conn2.Close(context.Background())
+	var one int
+	if err := conn2.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil || one != 1 {
+		t.Fatalf("after Thaw: %d, %v", one, err)
+	}
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Stop(); err != nil {
+		t.Fatalf("Stop of a frozen cluster: %v", err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("Stop of a frozen cluster took %v", took)
+	}
+}

@@ -553,6 +553,63 @@ func TestDatabaseDownFailsClosed(t *testing.T) {
 	}
 }
 
+// TestDatabaseHangsFailsClosed: a database that hangs rather than refuses
+// (every process stopped with SIGSTOP; the pool's connections stay open)
+// fails the sign-in 503 sign-in-unavailable within the check's bound of a
+// few seconds — before, the check waited on its connection for ever — and
+// no password is checked; after SIGCONT the throttle works again. In
+// normal and strict mode.
+func TestDatabaseHangsFailsClosed(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Cluster(t)
+	t.Cleanup(c.Thaw)
+	ctx := context.Background()
+	pool := pgtest.Pool(t, c.URL("postgres"), 4)
+	if err := schema.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	a := newApp(t, "alice")
+	for _, strict := range []bool{false, true} {
+		h := newLimiter(t, pool, signin.Options{Strict: strict}).Handler(a)
+		if got := signIn(t, h, "alice", "wrong"); got.status != http.StatusUnauthorized {
+			t.Fatalf("strict %v, before the freeze: %d", strict, got.status)
+		}
+		evaluated := a.evaluated.Load()
+		if err := c.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan response, 1)
+		start := time.Now()
+		go func() { done <- signIn(t, h, "alice", rightPassword) }()
+		var got response
+		select {
+		case got = <-done:
+		case <-time.After(30 * time.Second):
+			c.Thaw()
+			t.Fatalf("strict %v: the sign-in hung on the frozen database for 30 s", strict)
+		}
+		took := time.Since(start)
+		c.Thaw()
+		if got.status != http.StatusServiceUnavailable {
+			t.Fatalf("strict %v, frozen database: status %d, want 503", strict, got.status)
+		}
+		if diff := cmp.Diff(wantUnavailable, got.body); diff != "" {
+			t.Errorf("503 body (-want +got):\n%s", diff)
+		}
+		if n := a.evaluated.Load(); n != evaluated {
+			t.Errorf("strict %v: a password was checked while the throttle's database hung", strict)
+		}
+		t.Logf("strict %v: 503 after %v with the database frozen", strict, took.Round(10*time.Millisecond))
+		deadline := time.Now().Add(20 * time.Second)
+		for signIn(t, h, "alice", "wrong").status != http.StatusUnauthorized {
+			if time.Now().After(deadline) {
+				t.Fatalf("strict %v: the sign-in did not recover after SIGCONT", strict)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
 // TestWindowLapses: with a short window the refusal lasts until the window
 // ends on the database clock, and not longer.
 func TestWindowLapses(t *testing.T) {
