@@ -249,11 +249,23 @@ func (p *Permit) Bounds() Bounds { return p.bounds }
 // Release gives both permits back, in one statement. It is safe to call
 // more than once, and it outlives a canceled ctx (a client that went away
 // still frees its permits), bounded by Options.Timeout.
-func (p *Permit) Release(ctx context.Context) error {
+func (p *Permit) Release(ctx context.Context) error { return p.release(ctx, p.timeout) }
+
+// handlerReleaseWait is how long Handler holds the response for the
+// release of the permits. A release is one round trip, so a client that
+// has its answer finds its permit free; one the database does not confirm
+// in time (a database that hangs) goes on in the background, bounded by
+// Options.Timeout, and the permits lapse on their own if it fails — the
+// answer does not wait for it.
+const handlerReleaseWait = time.Second
+
+// release is Release waiting at most wait (and Options.Timeout) for the
+// database's answer; the release itself goes on (permit.Lease.Release).
+func (p *Permit) release(ctx context.Context, wait time.Duration) error {
 	if p == nil {
 		return nil
 	}
-	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
 	defer cancel()
 	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
 }
@@ -291,8 +303,10 @@ func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time
 
 // Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
-// releases the permits when next returns, panics, or the client goes away.
-// An unidentified request runs under the bounds without a permit.
+// releases the permits when next returns, panics, or the client goes away
+// (the response waits a second at most for the release: see
+// handlerReleaseWait). An unidentified request runs under the bounds
+// without a permit.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := l.key(r)
@@ -311,8 +325,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			return
 		}
 		defer func() {
-			if err := p.Release(r.Context()); err != nil {
-				l.log.WarnContext(r.Context(), "heavy: release failed; the permits lapse on their own",
+			if err := p.release(r.Context(), handlerReleaseWait); err != nil {
+				l.log.WarnContext(r.Context(), "heavy: release not confirmed; it goes on in the background, and the permits lapse on their own if it fails",
 					"endpoint", l.name, "key", key, "err", err)
 			}
 		}()

@@ -579,3 +579,70 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 		t.Errorf("WriteError of a closed pool: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// TestAnswerDoesNotWaitForAHungRelease: the database freezes (SIGSTOP)
+// while a heavy request runs. Its answer goes out within about a second of
+// the handler's end — the Handler waits that long for the release, not its
+// 5 s Timeout — and the release goes on in the background: once the
+// database answers again the user's one permit is free long before it
+// would lapse (time bound + 30 s).
+func TestAnswerDoesNotWaitForAHungRelease(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Cluster(t)
+	t.Cleanup(c.Thaw)
+	ctx := context.Background()
+	pool := pgtest.Pool(t, c.URL("postgres"), 4)
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	l, err := heavy.New(pool, heavy.Options{Name: "e", Key: userHeader, Limit: 1, Time: 2 * time.Second, InstallationLimit: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var returned time.Time
+	var froze atomic.Bool
+	srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !froze.Swap(true) {
+			if err := c.Freeze(); err != nil {
+				t.Error(err)
+			}
+			returned = time.Now()
+		}
+		w.WriteHeader(http.StatusOK)
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	req.Header.Set("X-User", "alice")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	waited := time.Since(returned)
+	c.Thaw()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// A behavioural bound: about the second the Handler waits, not the
+	// release's 5 s Timeout.
+	if waited > 4*time.Second {
+		t.Errorf("the answer waited %v for the release on a frozen database", waited)
+	}
+	t.Logf("answer complete %v after the handler returned", waited.Round(10*time.Millisecond))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice's permit still held 15 s after the thaw (%d): the release did not go on", resp.StatusCode)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -217,11 +217,23 @@ type Permit struct {
 
 // Release frees the slot, in one statement. It is safe to call more than
 // once, and it outlives a canceled ctx, bounded by Options.Timeout.
-func (p *Permit) Release(ctx context.Context) error {
+func (p *Permit) Release(ctx context.Context) error { return p.release(ctx, p.timeout) }
+
+// handlerReleaseWait is how long Handler holds the response for the
+// release of the slot. A release is one round trip, so a client that has
+// its answer finds its slot free; one the database does not confirm in
+// time (a database that hangs) goes on in the background, bounded by
+// Options.Timeout, and the slot lapses on its own if it fails — the answer
+// does not wait for it.
+const handlerReleaseWait = time.Second
+
+// release is Release waiting at most wait (and Options.Timeout) for the
+// database's answer; the release itself goes on (permit.Lease.Release).
+func (p *Permit) release(ctx context.Context, wait time.Duration) error {
 	if p == nil {
 		return nil
 	}
-	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
 	defer cancel()
 	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
 }
@@ -256,7 +268,9 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, e
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away. An unidentified request passes to next as it is.
+// client goes away (the response waits a second at most for the release:
+// see handlerReleaseWait). An unidentified request passes to next as it
+// is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := l.key(r)
@@ -273,8 +287,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			return
 		}
 		defer func() {
-			if err := p.Release(r.Context()); err != nil {
-				l.log.WarnContext(r.Context(), "inflight: release failed; the slot lapses on its own", "key", key, "err", err)
+			if err := p.release(r.Context(), handlerReleaseWait); err != nil {
+				l.log.WarnContext(r.Context(), "inflight: release not confirmed; it goes on in the background, and the slot lapses on its own if it fails", "key", key, "err", err)
 			}
 		}()
 		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)

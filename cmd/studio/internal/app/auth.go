@@ -70,7 +70,9 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 			unauthorized(w, "The Authorization header is malformed; send Authorization: Bearer <token>.")
 			return
 		}
-		row, err := a.q.ApiTokenLookup(r.Context(), a.primary, TokenDigest(token))
+		ctx, cancel := dbContext(r.Context())
+		row, err := a.q.ApiTokenLookup(ctx, a.primary, TokenDigest(token))
+		cancel()
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				unauthorized(w, "The API token is unknown or expired.")

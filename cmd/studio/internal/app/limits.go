@@ -52,7 +52,8 @@ type limitsResponse struct {
 // tables are not replicated. readReplicaHealthy says whether the read
 // replica (-read-replica-url) serves history reads now; null without one.
 func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
 	resp := limitsResponse{
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
 		InstallationCap: a.endpoints.sqlConsole.InstallationLimit(),

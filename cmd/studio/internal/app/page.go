@@ -109,7 +109,9 @@ func (a *App) handleAuditSignIn(w http.ResponseWriter, r *http.Request) {
 		renderPage(w, http.StatusUnauthorized, auditView{SignIn: true, Error: "Enter an API token."})
 		return
 	}
-	if _, err := a.q.ApiTokenLookup(r.Context(), a.primary, TokenDigest(token)); err != nil {
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
+	if _, err := a.q.ApiTokenLookup(ctx, a.primary, TokenDigest(token)); err != nil {
 		if !errors.Is(err, pgx.ErrNoRows) {
 			// The token could not be checked: not "unknown", and not signed in.
 			a.log.WarnContext(r.Context(), "audit page sign-in: token not checked", "err", err)

@@ -53,7 +53,9 @@ func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
 	}
 	sum := sha256.Sum256(content)
 	id, _ := IdentityFrom(r.Context())
-	pid, err := a.q.PluginCreate(r.Context(), a.primary, &studiodb.PluginCreateParams{
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
+	pid, err := a.q.PluginCreate(ctx, a.primary, &studiodb.PluginCreateParams{
 		UserID: id.UserID, Name: name, Size: int64(len(content)), Sha256: hex.EncodeToString(sum[:]), Content: content,
 	})
 	if err != nil {

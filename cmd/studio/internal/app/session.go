@@ -65,7 +65,9 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	username := signin.NormalizeUsername(req.Username)
-	user, err := a.q.AppUserByName(r.Context(), a.primary, username)
+	ctx, cancel := dbContext(r.Context())
+	user, err := a.q.AppUserByName(ctx, a.primary, username)
+	cancel()
 	hash := dummyHash
 	switch {
 	case err == nil:
@@ -84,7 +86,9 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
 	token := base64.RawURLEncoding.EncodeToString(raw)
-	if _, err := a.q.ApiTokenCreate(r.Context(), a.primary, &studiodb.ApiTokenCreateParams{
+	ctx, cancel = dbContext(r.Context())
+	defer cancel()
+	if _, err := a.q.ApiTokenCreate(ctx, a.primary, &studiodb.ApiTokenCreateParams{
 		Digest: TokenDigest(token), UserID: user.ID, Name: "session", TtlMs: sessionTTL.Milliseconds(),
 	}); err != nil {
 		_ = signin.Abandoned(r.Context())
