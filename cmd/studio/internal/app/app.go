@@ -22,6 +22,7 @@ import (
 	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/readroute"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
@@ -45,6 +46,7 @@ type App struct {
 	signin    *signin.Limiter
 	uploads   *upload.Limiter
 	inflight  *inflight.Limiter
+	rate      *ratelimit.Limiter // nil with -api-rate 0
 	endpoints endpoints
 	pager     *cursor.Pager
 
@@ -335,7 +337,27 @@ func (a *App) setupLimits() error {
 		Replica:     cfg.ReplicaName,
 		Logger:      a.log,
 	})
+	if err != nil || cfg.APIRate.Limit == 0 {
+		return err
+	}
+	a.rate, err = ratelimit.New(a.primary, ratelimit.Options{
+		Name: "api",
+		Key:  tokenOf,
+		Policies: []ratelimit.Policy{{Name: "api", Limit: cfg.APIRate.Limit, Window: cfg.APIRate.Window,
+			Burst: cfg.APIBurst}},
+		Logger:        a.log,
+		MeterProvider: a.meters,
+	})
 	return err
+}
+
+// rateLimited counts a request of an API token in its rate (-api-rate,
+// -api-burst), when there is one.
+func (a *App) rateLimited(next http.Handler) http.Handler {
+	if a.rate == nil {
+		return next
+	}
+	return a.rate.Handler(next)
 }
 
 // installationCap is the cap over all heavy requests of all replicas:

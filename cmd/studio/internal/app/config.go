@@ -14,7 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cursor"
+	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -51,6 +53,8 @@ type Config struct {
 	MaxUploadBytes int64
 	TokenInFlight  int
 	MaxRequestTime time.Duration
+	APIRate        Rate // requests per token over /api/ but POST /api/session; Limit 0: off
+	APIBurst       int
 
 	Nodes    Nodes
 	NodeRate int
@@ -61,6 +65,35 @@ type Config struct {
 	ReplicaCheckInterval time.Duration
 	LogFormat            string
 	LogLevel             string
+}
+
+// Rate is -api-rate: Limit requests per Window, written N/s, N/m or N/h;
+// "0" (Limit 0) turns the rate limit off.
+type Rate struct {
+	Limit  int
+	Window time.Duration
+}
+
+func (r *Rate) String() string {
+	if r.Limit == 0 {
+		return "0"
+	}
+	unit := map[time.Duration]string{time.Second: "s", time.Minute: "m", time.Hour: "h"}[r.Window]
+	return fmt.Sprintf("%d/%s", r.Limit, unit)
+}
+
+// Set parses N/s, N/m, N/h or 0.
+func (r *Rate) Set(v string) error {
+	limit, window, on, err := ratelimit.ParseRate(v)
+	if err != nil {
+		return err
+	}
+	if !on {
+		*r = Rate{}
+		return nil
+	}
+	*r = Rate{Limit: limit, Window: window}
+	return nil
 }
 
 // Nodes are the broker nodes, -node NAME=URL, repeatable.
@@ -99,7 +132,7 @@ func (n Nodes) Set(v string) error {
 // ParseFlags reads the command line (and DATABASE_URL, READ_REPLICA_URL,
 // CURSOR_KEY from the environment) into a Config.
 func ParseFlags(args []string) (*Config, error) {
-	c := &Config{Nodes: Nodes{}}
+	c := &Config{Nodes: Nodes{}, APIRate: Rate{Limit: 100, Window: time.Second}}
 	fs := flag.NewFlagSet("studio", flag.ContinueOnError)
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
@@ -130,6 +163,8 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", 8<<20, "largest plugin accepted")
 	fs.IntVar(&c.TokenInFlight, "token-in-flight", 8, "concurrent requests per API token, across replicas")
 	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
+	fs.Var(&c.APIRate, "api-rate", "request rate per API token over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
+	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests an API token may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
 
 	fs.Var(c.Nodes, "node", "broker node NAME=URL (Jolokia base URL), repeatable")
 	fs.IntVar(&c.NodeRate, "node-rate", 20, "calls per second per node for the whole installation")
@@ -194,6 +229,9 @@ func (c *Config) Validate() error {
 	positive("uploads-per-hour", c.UploadsPerHour)
 	positive("token-in-flight", c.TokenInFlight)
 	positive("node-rate", c.NodeRate)
+	if c.APIRate.Limit > 0 && (c.APIBurst < 1 || c.APIBurst > pglimit.MaxLimit) {
+		errs = append(errs, fmt.Errorf("-api-burst must be from 1 to %d", pglimit.MaxLimit))
+	}
 	positiveDur("sql-console-time", c.SQLConsoleTime)
 	positiveDur("export-time", c.ExportTime)
 	positiveDur("history-time", c.HistoryTime)

@@ -16,8 +16,9 @@ func (a *App) routes() http.Handler {
 	mux := http.NewServeMux()
 	ep := a.endpoints
 	// Every route with a token: authenticate, then count the request in
-	// the token's in-flight cap, then the route's own limits.
-	api := func(h http.Handler) http.Handler { return a.requireToken(a.inflight.Handler(h)) }
+	// the token's rate (a refusal there is the cheapest: one statement, no
+	// slot), then in its in-flight cap, then the route's own limits.
+	api := func(h http.Handler) http.Handler { return a.requireToken(a.rateLimited(a.inflight.Handler(h))) }
 	heavyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler { return api(e.Handler(h)) }
 	// History reads may be served by the read replica.
 	historyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler {
