@@ -51,6 +51,10 @@ type Details struct {
 	// They must not use the names type, title, status, detail or instance.
 	Extensions map[string]any
 	// Header holds extra response headers (RateLimit-Policy, RateLimit).
+	// They are added to the fields the response already has, not put in
+	// their place: the RateLimit fields are lists that may span several
+	// field lines, and an outer limit's items (a rate limit's, set before
+	// the handler ran) stay beside the refusing limit's.
 	Header http.Header
 }
 
@@ -123,7 +127,7 @@ func Write(w http.ResponseWriter, d *Details) {
 	}
 	h := w.Header()
 	for k, vs := range d.Header {
-		h[k] = vs
+		h[k] = append(h[k], vs...)
 	}
 	h.Set("Content-Type", MediaType)
 	h.Set("Cache-Control", "no-store")

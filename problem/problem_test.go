@@ -50,6 +50,29 @@ func TestWrite(t *testing.T) {
 	}
 }
 
+// TestWriteKeepsOuterRateLimitFields: a refusal's RateLimit fields are
+// added beside those an outer limit set before the handler ran (the
+// fields are lists; their lines join into one).
+func TestWriteKeepsOuterRateLimitFields(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	rec.Header().Set("RateLimit-Policy", `"api";q=100;w=1`)
+	rec.Header().Set("RateLimit", `"api";r=99;t=1`)
+	Write(rec, &Details{Slug: "too-many-heavy-requests", Title: "Too many", Status: http.StatusTooManyRequests,
+		Header: http.Header{
+			"Ratelimit-Policy": {`"sql-console";q=2;qu="concurrent-requests"`},
+			"Ratelimit":        {`"sql-console";r=0;t=17`},
+		}})
+	for h, want := range map[string][]string{
+		"RateLimit-Policy": {`"api";q=100;w=1`, `"sql-console";q=2;qu="concurrent-requests"`},
+		"RateLimit":        {`"api";r=99;t=1`, `"sql-console";r=0;t=17`},
+	} {
+		if got := rec.Header().Values(h); !cmp.Equal(got, want) {
+			t.Errorf("%s: %q, want %q", h, got, want)
+		}
+	}
+}
+
 // TestRetryAfterSeconds rounds up and never says 0.
 func TestRetryAfterSeconds(t *testing.T) {
 	t.Parallel()

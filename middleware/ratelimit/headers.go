@@ -18,8 +18,8 @@ const (
 // implementation-specific parameters to carry a vendor prefix).
 const BurstParameter = "pglimit-burst"
 
-// setHeaders sets RateLimit-Policy and RateLimit for states, one list
-// member per policy, as RFC 9651 structured-field lists. It sets nothing
+// setHeaders adds RateLimit-Policy and RateLimit for states, one list
+// member per policy, as RFC 9651 structured-field lists. It adds nothing
 // for no states.
 func setHeaders(h http.Header, states []PolicyState) {
 	if len(states) == 0 {
@@ -41,8 +41,11 @@ func setHeaders(h http.Header, states []PolicyState) {
 		writeParam(&limit, "r", int64(s.Remaining))
 		writeParam(&limit, "t", int64(math.Ceil(s.Reset.Seconds())))
 	}
-	h.Set(HeaderPolicy, policy.String())
-	h.Set(HeaderRateLimit, limit.String())
+	// Added, not set: the fields are lists that may span several field
+	// lines, so a response limited by several limiters (nested, or a
+	// refusal written by another limit behind this one) lists them all.
+	h.Add(HeaderPolicy, policy.String())
+	h.Add(HeaderRateLimit, limit.String())
 }
 
 // writeString writes s as an sf-string (RFC 9651 section 4.1.6). Policy

@@ -258,7 +258,8 @@ type Permit struct {
 // is released the same way.
 func (p *Permit) Release(context.Context) error { return nil }
 
-// SetHeaders sets RateLimit-Policy and RateLimit on h for the decision.
+// SetHeaders adds RateLimit-Policy and RateLimit for the decision to h
+// (added: a response limited by several limiters lists them all).
 func (p *Permit) SetHeaders(h http.Header) { setHeaders(h, p.Policies) }
 
 // Acquire spends one unit of key's rate under Options.Policies, for
