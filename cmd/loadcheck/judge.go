@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"math"
+	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -15,6 +17,7 @@ const (
 	slugUploads  = "too-many-uploads"
 	slugInFlight = "too-many-requests-in-flight"
 	slugInvalid  = "invalid-credentials"
+	slugRate     = "too-many-requests"
 )
 
 // kind is what a request exercised.
@@ -25,6 +28,7 @@ const (
 	kindSignIn
 	kindUpload
 	kindNode
+	kindRate
 )
 
 // never is the end of a request whose end the client does not know (a
@@ -48,7 +52,10 @@ type record struct {
 	scope  string  // the scope member of a heavy refusal
 	share  float64 // rate.replica of a queue listing: the replica's node share
 	ready  int     // rate.readyReplicas of a queue listing
-	err    error
+	// rateHeaders: the answer carried RateLimit-Policy and RateLimit with
+	// the policy "api".
+	rateHeaders bool
+	err         error
 }
 
 // refusedBy reports whether r was refused with slug.
@@ -66,13 +73,13 @@ func (r *record) expected() bool {
 	}
 	switch r.kind {
 	case kindConsole:
-		return r.status == 200 || r.refusedBy(slugHeavy) || r.refusedBy(slugInFlight)
+		return r.status == 200 || r.refusedBy(slugHeavy) || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)
 	case kindSignIn:
 		return (r.status == 401 && r.slug == slugInvalid) || r.refusedBy(slugSignIn)
 	case kindUpload:
-		return r.status == 201 || r.refusedBy(slugUploads) || r.refusedBy(slugInFlight)
-	case kindNode:
-		return r.status == 200 || r.refusedBy(slugInFlight)
+		return r.status == 201 || r.refusedBy(slugUploads) || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)
+	case kindNode, kindRate:
+		return r.status == 200 || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)
 	}
 	return false
 }
@@ -250,4 +257,124 @@ func envelopeExcess(series []int, perSecond, allowance int) (excess, at, n int) 
 		excess = 0
 	}
 	return excess, at, n
+}
+
+// hasRateHeaders reports whether h carries RateLimit-Policy and RateLimit
+// items of the policy "api" (the fields are lists, possibly over several
+// lines, beside other limits' items).
+func hasRateHeaders(h http.Header) bool {
+	has := func(name string) bool {
+		for _, v := range h.Values(name) {
+			for _, item := range strings.Split(v, ",") {
+				if strings.HasPrefix(strings.TrimSpace(item), `"api";`) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return has("RateLimit-Policy") && has("RateLimit")
+}
+
+// byToken groups the requests of every token, in the order they were sent.
+func byToken(recs []record) map[string][]*record {
+	groups := map[string][]*record{}
+	for i := range recs {
+		if r := &recs[i]; r.token != "" {
+			groups[r.token] = append(groups[r.token], r)
+		}
+	}
+	for _, g := range groups {
+		sort.Slice(g, func(i, j int) bool { return g[i].start < g[j].start })
+	}
+	return groups
+}
+
+// rateExcess is the most requests of one token the rate limit admitted in
+// an interval, less perSecond × the interval, over every token and every
+// interval between two admitted requests, measured from the first one's
+// send to the last one's answer. Those requests were all decided within
+// that interval, so with GCRA the excess is at most the burst; the
+// interval as the client measures it is longer than the real one by the
+// requests' latency, so the excess can only be underestimated: a value
+// above the burst is an over-grant, whatever the timing. where names the
+// token and interval of the highest.
+func rateExcess(recs []record, perSecond float64) (excess float64, where string) {
+	for token, g := range byToken(recs) {
+		var admitted []*record
+		for _, r := range g {
+			if r.err == nil && r.status != 0 && !r.refusedBy(slugRate) && !r.unauthenticated() {
+				admitted = append(admitted, r)
+			}
+		}
+		for i, first := range admitted {
+			last := first.end
+			for j := i; j < len(admitted); j++ {
+				last = max(last, admitted[j].end)
+				if e := float64(j-i+1) - perSecond*(last-first.start).Seconds(); e > excess {
+					excess = e
+					where = fmt.Sprintf("; highest for %s: %d admitted in %v from %.3fs", token, j-i+1,
+						(last - first.start).Round(time.Millisecond), first.start.Seconds())
+				}
+			}
+		}
+	}
+	return excess, where
+}
+
+// judgeRate returns the number of rate refusals and of false ones. A
+// refusal R (sent at s0, answered at s1) is false when the ledger proves
+// the token had room at every moment R may have been decided: GCRA refuses
+// at t only if, for some u <= t, the requests admitted in [u, t] plus this
+// one exceed burst + perSecond × (t-u). Counting as admitted in [u, t]
+// every request of the token that may have been (sent before s1, answered
+// after u, not refused by the rate limit; one without an answer always),
+// and taking t = s0 for the allowance, a refusal that still fits for
+// every u was false. Only the load check drives the service, so the rule
+// can miss a false refusal but never invents one.
+func judgeRate(recs []record, perSecond float64, burst int, slack time.Duration) (refused, falseRefused int) {
+	for _, g := range byToken(recs) {
+		for _, r := range g {
+			if !r.refusedBy(slugRate) {
+				continue
+			}
+			refused++
+			var ends []time.Duration // possible holders' last possible decision times
+			for _, h := range g {
+				if h == r || h.refusedBy(slugRate) || h.unauthenticated() || h.start >= r.end {
+					continue
+				}
+				end := h.end
+				if end != never {
+					end += slack
+				}
+				ends = append(ends, end)
+			}
+			sort.Slice(ends, func(i, j int) bool { return ends[i] < ends[j] })
+			fits := true
+			// u just before each possible end up to R's send, and u = R's send.
+			for k, e := range ends {
+				if e > r.start {
+					break
+				}
+				if float64(len(ends)-k+1) > float64(burst)+perSecond*(r.start-e).Seconds() {
+					fits = false
+					break
+				}
+			}
+			if fits {
+				later := 0
+				for _, e := range ends {
+					if e > r.start {
+						later++
+					}
+				}
+				fits = later+1 <= burst
+			}
+			if fits {
+				falseRefused++
+			}
+		}
+	}
+	return refused, falseRefused
 }

@@ -19,7 +19,9 @@
 //   - sign-in rounds: 2×limit+2 concurrent wrong passwords for a fresh
 //     username, spread over the replicas, round after round;
 //   - uploads: -token-in-flight loops per user, on a token of their own;
-//   - queue listings of the fake node: -token-in-flight loops per replica.
+//   - queue listings of the fake node: -token-in-flight loops per replica;
+//   - the API rate: -rate-workers loops on a token of their own, reading
+//     GET /api/limits from the replicas in turn, above -api-rate.
 //
 // A loop that is refused waits -pause and tries again. Nothing is sent after
 // the deadline; requests already sent are answered.
@@ -32,15 +34,18 @@
 //     its request holds its heavy permit and its in-flight slot, so a count
 //     above a limit is an over-grant, never a sampling artefact (the count
 //     can only be lower than the slots held).
+//
 //   - sign-in failures: the answers. Highest = most 401 answers for one
 //     username in its window. Judged in -sign-in-strict mode (the default
 //     here): no more than the limit may be evaluated. In normal mode the
 //     documented weakness lets attempts already in flight through; the row
 //     then says "documented: N evaluated" and does not fail the check.
+//
 //   - uploads: the answers. Highest = most 201 answers for one user whose
 //     requests, from send to answer, all fit in less than -upload-window:
 //     their claims were then less than a window apart, so more than the
 //     limit of them is an over-grant whatever the timing.
+//
 //   - node rate: the fake node's own record of the calls it received, by
 //     whole second, from one second after the warm-up (the replicas' token
 //     buckets start full: the burst the ADR allows). Highest = most calls in
@@ -52,6 +57,13 @@
 //     the replicas, each takes ceil(rate/replicas) and the node may see up
 //     to that times the replicas (ADR-0196 decision 6): reported as
 //     "documented", not failed.
+//
+//   - api rate per token: the answers. Highest = most requests of one token
+//     the rate limit admitted in an interval, less -api-rate × the interval
+//     measured from the first one's send to the last one's answer (the
+//     decisions fell within it, so latency only lowers it): more than
+//     -api-burst is an over-grant. Every /api/ answer but the sign-in's must
+//     carry RateLimit-Policy and RateLimit of the policy api.
 //
 // False refusal: a 429 of a limit although, by the client's ledger of every
 // request it sent, fewer than the limit's value of other requests of the
@@ -110,6 +122,9 @@ func run(args []string) (int, error) {
 	fs.DurationVar(&cfg.UploadWindow, "upload-window", cfg.UploadWindow, "the uploads' rolling window (cmd/studio flag)")
 	fs.IntVar(&cfg.TokenInFlight, "token-in-flight", cfg.TokenInFlight, "requests in flight per token (cmd/studio flag)")
 	fs.IntVar(&cfg.NodeRate, "node-rate", cfg.NodeRate, "calls per second to the node for the installation (cmd/studio flag)")
+	fs.IntVar(&cfg.APIRate, "api-rate", cfg.APIRate, "requests per second per API token (cmd/studio flag -api-rate N/s)")
+	fs.IntVar(&cfg.APIBurst, "api-burst", cfg.APIBurst, "requests at once above -api-rate (cmd/studio flag)")
+	fs.IntVar(&cfg.RateWorkers, "rate-workers", cfg.RateWorkers, "loops driving one token above its rate")
 	fs.IntVar(&cfg.Queues, "queues", cfg.Queues, "queues of the fake node")
 	fs.DurationVar(&cfg.ConsoleSleep, "console-sleep", cfg.ConsoleSleep, "pg_sleep of each console statement")
 	fs.IntVar(&cfg.TokensPerUser, "tokens-per-user", cfg.TokensPerUser, "console tokens per user")

@@ -56,6 +56,10 @@ type Config struct {
 	UploadWindow   time.Duration
 	TokenInFlight  int
 	NodeRate       int
+	// APIRate (requests per second per token) and APIBurst are
+	// cmd/studio's -api-rate and -api-burst.
+	APIRate  int
+	APIBurst int
 
 	// Queues is the fake node's number of queues (a queue listing is one
 	// search call and one read call per 200 queues).
@@ -65,6 +69,8 @@ type Config struct {
 	// TokensPerUser and WorkersPerToken shape the console load: each user
 	// runs WorkersPerToken loops on each of TokensPerUser tokens.
 	TokensPerUser, WorkersPerToken int
+	// RateWorkers loops drive one token of their own above its rate.
+	RateWorkers int
 	// Pause is how long a loop waits after a refusal before it tries again.
 	Pause time.Duration
 	// Slack is added to the end of every request when false refusals are
@@ -86,7 +92,8 @@ func DefaultConfig() Config {
 		Replicas: 3, Duration: 30 * time.Second, ProgressEvery: time.Second,
 		SQLConsoleCap: 2, PoolMaxConns: 16, SignInFailures: 3, SignInWindow: 10 * time.Minute, SignInStrict: true,
 		UploadsPerHour: 3, UploadWindow: 5 * time.Second, TokenInFlight: 2, NodeRate: 6,
-		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3,
+		APIRate: 20, APIBurst: 10,
+		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3, RateWorkers: 6,
 		Pause: 50 * time.Millisecond, Slack: 25 * time.Millisecond, WarmupTimeout: 40 * time.Second,
 	}
 }
@@ -108,6 +115,9 @@ func (c *Config) validate() error {
 	atLeast("queues", c.Queues, 1)
 	atLeast("tokens-per-user", c.TokensPerUser, 1)
 	atLeast("workers-per-token", c.WorkersPerToken, 1)
+	atLeast("api-rate", c.APIRate, 1)
+	atLeast("api-burst", c.APIBurst, 1)
+	atLeast("rate-workers", c.RateWorkers, 1)
 	if c.Replicas > 16 {
 		errs = append(errs, errors.New("-replicas must be at most 16"))
 	}
@@ -155,6 +165,7 @@ type loadRun struct {
 	consoleOK, consoleRefused           atomic.Int64
 	signFailed, signRefused, signRounds atomic.Int64
 	uploadOK, uploadRefused, nodeOK     atomic.Int64
+	rateOK, rateRefused                 atomic.Int64
 	unexpected                          atomic.Int64
 }
 
@@ -249,6 +260,8 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		"-token-in-flight", strconv.Itoa(cfg.TokenInFlight),
 		"-node", "b1=http://" + ln.Addr().String(),
 		"-node-rate", strconv.Itoa(cfg.NodeRate),
+		"-api-rate", strconv.Itoa(cfg.APIRate) + "/s",
+		"-api-burst", strconv.Itoa(cfg.APIBurst),
 		"-heartbeat", "500ms",
 	}
 	args = append(args, cfg.studioOverride...)
@@ -316,15 +329,16 @@ type tokenSet struct {
 	console map[string][]labelled // per user
 	upload  map[string]labelled   // per user
 	node    []labelled            // per replica
+	rate    labelled              // the rate load's own
 }
 
 type labelled struct{ label, user, token string }
 
 // tokens signs in for the session tokens the load needs beside the demo
 // tokens: console load runs on alice-token, bob-token, carol-token and
-// TokensPerUser-1 session tokens per user; uploads and node reads have
-// tokens of their own so that their requests in flight do not take the
-// console's.
+// TokensPerUser-1 session tokens per user; uploads, node reads and the
+// rate load have tokens of their own so that their requests in flight (and
+// the rate load's rate) do not take the console's.
 func (lr *loadRun) tokens(ctx context.Context) (*tokenSet, error) {
 	ts := &tokenSet{console: map[string][]labelled{}, upload: map[string]labelled{}}
 	for _, u := range users {
@@ -349,6 +363,11 @@ func (lr *loadRun) tokens(ctx context.Context) (*tokenSet, error) {
 		}
 		ts.node = append(ts.node, labelled{fmt.Sprintf("node-%d", i+1), "bob", tok})
 	}
+	tok, err := lr.signIn(ctx, "alice") // an operator: GET /api/limits answers 200
+	if err != nil {
+		return nil, err
+	}
+	ts.rate = labelled{"rate", "alice", tok}
 	return ts, nil
 }
 
@@ -494,6 +513,17 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 			})
 		}
 	}
+	for range lr.cfg.RateWorkers {
+		loop(func() {
+			r := lr.do(ctx, record{kind: kindRate, user: ts.rate.user, token: ts.rate.label}, http.MethodGet, "/api/limits", ts.rate.token, "", nil)
+			if r.refusedBy(slugRate) {
+				lr.rateRefused.Add(1)
+				pause()
+				return
+			}
+			lr.rateOK.Add(1)
+		})
+	}
 	loop(func() { lr.signInRound(ctx) })
 }
 
@@ -573,6 +603,7 @@ func (lr *loadRun) doOn(ctx context.Context, p *replicaset.Proc, r record, metho
 	if err != nil {
 		r.err, r.end = err, never
 	}
+	r.rateHeaders = hasRateHeaders(resp.Header)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
 		var p struct {
 			Type  string `json:"type"`
@@ -617,11 +648,12 @@ func (lr *loadRun) progress(ctx context.Context, obs *observer, node *fakenode.N
 			last = st.PerSecond[n-2].Calls // the last complete second
 		}
 		fmt.Fprintf(lr.cfg.Progress,
-			"%5.0fs  console %d ok %d refused, running peak user %d/%d inst %d/%d token %d/%d | sign-in rounds %d: %d×401 %d×429 | uploads %d×201 %d×429 | node %d calls, %d last s (%d/s) | unexpected %d\n",
+			"%5.0fs  console %d ok %d refused, running peak user %d/%d inst %d/%d token %d/%d | sign-in rounds %d: %d×401 %d×429 | uploads %d×201 %d×429 | node %d calls, %d last s (%d/s) | rate %d passed %d×429 | unexpected %d\n",
 			time.Since(lr.t0).Seconds(), lr.consoleOK.Load(), lr.consoleRefused.Load(),
 			pk.User, lr.cfg.SQLConsoleCap, pk.Installation, lr.cfg.installationCap(), pk.Token, lr.cfg.TokenInFlight,
 			lr.signRounds.Load(), lr.signFailed.Load(), lr.signRefused.Load(),
-			lr.uploadOK.Load(), lr.uploadRefused.Load(), st.Calls, last, lr.cfg.NodeRate, lr.unexpected.Load())
+			lr.uploadOK.Load(), lr.uploadRefused.Load(), st.Calls, last, lr.cfg.NodeRate,
+			lr.rateOK.Load(), lr.rateRefused.Load(), lr.unexpected.Load())
 	}
 }
 
@@ -633,8 +665,10 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	rep := &Report{Config: c, Samples: pk.Samples, SampleInterval: pk.Interval}
 
 	console := func(r *record) bool { return r.kind == kindConsole }
+	// A request the rate limit refused never reached the in-flight cap,
+	// the heavy permits or the upload window (they are behind it).
 	mayHoldHeavy := func(r *record) bool {
-		return !r.refusedBy(slugInFlight) && !r.refusedBy(slugHeavy) && !r.unauthenticated()
+		return !r.refusedBy(slugRate) && !r.refusedBy(slugInFlight) && !r.refusedBy(slugHeavy) && !r.unauthenticated()
 	}
 	count := func(in func(*record) bool) (n int) {
 		for i := range recs {
@@ -685,7 +719,7 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 		&rule{in: upload, scope: func(r *record) string { return r.user },
 			refused: func(r *record) bool { return r.refusedBy(slugUploads) },
 			holds: func(r *record) bool {
-				return !r.refusedBy(slugUploads) && !r.refusedBy(slugInFlight) && !r.unauthenticated()
+				return !r.refusedBy(slugRate) && !r.refusedBy(slugUploads) && !r.refusedBy(slugInFlight) && !r.unauthenticated()
 			},
 			cap: c.UploadsPerHour, hold: c.UploadWindow, slack: c.Slack}))
 	// Requests in flight per token.
@@ -693,8 +727,10 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	rep.Rows = append(rep.Rows, row("in-flight per token", strconv.Itoa(c.TokenInFlight), c.TokenInFlight, pk.Token, count(withToken),
 		&rule{in: withToken, scope: func(r *record) string { return r.token },
 			refused: func(r *record) bool { return r.refusedBy(slugInFlight) },
-			holds:   func(r *record) bool { return !r.refusedBy(slugInFlight) && !r.unauthenticated() },
-			cap:     c.TokenInFlight, slack: c.Slack}))
+			holds: func(r *record) bool {
+				return !r.refusedBy(slugRate) && !r.refusedBy(slugInFlight) && !r.unauthenticated()
+			},
+			cap: c.TokenInFlight, slack: c.Slack}))
 	// Node rate.
 	var at []time.Time
 	for _, call := range node.Calls() {
@@ -730,6 +766,16 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	}
 	rep.Rows = append(rep.Rows, nodeRow)
 
+	// The rate per token, over every token of the load (the rate load's
+	// and every other's: the rate applies to each).
+	rateRow := Row{Limit: "api rate per token", Configured: fmt.Sprintf("%d/s, burst %d", c.APIRate, c.APIBurst),
+		Cap: c.APIBurst, Requests: count(withToken)}
+	rateOver, where := rateExcess(recs, float64(c.APIRate))
+	rateRow.Highest = int(math.Ceil(rateOver))
+	rateRow.Refused, rateRow.FalseRefusals = judgeRate(recs, float64(c.APIRate), c.APIBurst, c.Slack)
+	rateRow.Note = fmt.Sprintf("highest = most requests one token had admitted in an interval, less %d/s × the interval (from the first one's send to the last one's answer)%s", c.APIRate, where)
+	rep.Rows = append(rep.Rows, rateRow)
+
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
 		over := r.Highest > r.Cap
@@ -745,7 +791,8 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 			r.Note = fmt.Sprintf("over by rounding: each replica takes ceil(%d/%d) = %d/s (ADR-0196 decision 6); ", c.NodeRate, c.Replicas, c.nodeShare()) + r.Note
 		case over:
 			r.Verdict = VerdictExceeded
-		case r.Highest < r.Cap && r.Refused == 0:
+		case r.Highest < r.Cap && r.Refused == 0,
+			i == 6 && r.Refused == 0: // the rate's highest is measured generously: reached means refused
 			r.Verdict = VerdictNotReached
 		default:
 			r.Verdict = VerdictOK
@@ -755,6 +802,11 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	rep.Unexpected = map[string]int{}
 	for i := range recs {
 		r := &recs[i]
+		if r.expected() && r.kind != kindSignIn && r.err == nil && !r.rateHeaders {
+			// Every /api/ answer but the sign-in's passed the rate limit
+			// or was refused by it: either way it carries its headers.
+			rep.Unexpected[fmt.Sprintf("%s %d %s without RateLimit-Policy and RateLimit of the policy api", kindName(r.kind), r.status, r.slug)]++
+		}
 		if r.expected() {
 			continue
 		}
@@ -768,5 +820,5 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 }
 
 func kindName(k kind) string {
-	return [...]string{"console", "sign-in", "upload", "node"}[k]
+	return [...]string{"console", "sign-in", "upload", "node", "rate"}[k]
 }
