@@ -657,7 +657,11 @@ func burst(t *testing.T, strict bool, n, limit int) (a *app, statuses map[int]in
 	for i := 0; i < 3; i++ {
 		pool := pgtest.Pool(t, url, 10)
 		pools = append(pools, pool)
-		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{Limit: limit, Strict: strict}).Handler(a))
+		// The burst is about checks and records racing, not the time
+		// bound: 100 requests on 30 connections of a loaded machine (or of
+		// a shared server checkpointing for other tests' DROP DATABASE)
+		// may wait longer than the default Timeout for a connection.
+		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{Limit: limit, Strict: strict, Timeout: time.Minute}).Handler(a))
 		t.Cleanup(srv.Close)
 		servers = append(servers, srv)
 	}
