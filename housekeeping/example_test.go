@@ -63,4 +63,5 @@ func Example() {
 	// upload_window 0
 	// login_attempt 1
 	// replica 0
+	// api_request_window 0
 }

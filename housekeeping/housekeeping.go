@@ -1,9 +1,9 @@
 // Package housekeeping deletes the lapsed rows of pglimit's limit tables
-// (ADR-0196 decision 5; ADR-0134): permits, in-flight slots, upload slots
-// and sign-in throttles that nobody came back to, and replicas that stopped
-// heartbeating. A lapsed row already counts for nothing — every claim and
-// read ignores it — so housekeeping only keeps the tables and their indexes
-// small.
+// (ADR-0196 decision 5; ADR-0134): permits, in-flight slots, upload slots,
+// sign-in throttles and request-rate windows that nobody came back to, and
+// replicas that stopped heartbeating. A lapsed row already counts for
+// nothing — every claim and read ignores it — so housekeeping only keeps
+// the tables and their indexes small.
 //
 // Every replica runs Run in the background (pglimit.Run does). Every
 // Interval (default one minute) a replica sweeps the lapsed rows of every
@@ -56,7 +56,7 @@ const MetricDeleted = "pglimit.housekeeping.deleted"
 
 // Tables are the limit tables swept, in the order they are swept (the
 // slot tables first, in one statement).
-var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica"}
+var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window"}
 
 // Options configure a Housekeeper. The zero value is ready to use.
 type Options struct {
@@ -189,6 +189,10 @@ var sweepers = []sweeper{
 	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
 		n, err := q.ReplicaDeleteLapsed(ctx, tx, batch)
 		return map[string]int64{"replica": n}, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+		n, err := q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"api_request_window": n}, err
 	},
 }
 

@@ -66,6 +66,12 @@ func fill(t testing.TB, pool *pgxpool.Pool, lapsed, live int) {
 			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO pglimit.api_request_window (name, key, policies, tats, allowed, decided_at, expires_at)
+			SELECT 'api', '%s-' || g, '{api}', ARRAY[%s], true, now() - interval '2 hours', %s
+			FROM generate_series(1, $1) AS g`, kind, exp, exp), n); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -74,7 +80,7 @@ func keys(t testing.TB, pool *pgxpool.Pool) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for table, col := range map[string]string{"heavy_permit": "scope", "request_in_flight": "scope", "upload_window": "scope",
-		"login_attempt": "key", "replica": "name"} {
+		"login_attempt": "key", "replica": "name", "api_request_window": "key"} {
 		rows, err := pool.Query(context.Background(), fmt.Sprintf(`SELECT %s FROM pglimit.%s`, col, table))
 		if err != nil {
 			t.Fatal(err)
@@ -164,7 +170,7 @@ func TestDeletesOnlyLapsedRows(t *testing.T) {
 		t.Fatalf("log %q: %v", logs.String(), err)
 	}
 	delete(line, "time")
-	wantLine := map[string]any{"level": "INFO", "msg": "housekeeping: deleted lapsed rows", "total": float64(15)}
+	wantLine := map[string]any{"level": "INFO", "msg": "housekeeping: deleted lapsed rows", "total": float64(3 * len(housekeeping.Tables))}
 	for _, table := range housekeeping.Tables {
 		wantLine[table] = float64(3)
 	}
@@ -209,9 +215,9 @@ func (tr *deleteTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 }
 
 // TestBatchesAreBounded: with a batch of 10 and 35 lapsed rows in every
-// table, login_attempt and replica are swept by statements deleting 10, 10,
-// 10 and 5 rows, and the three slot tables (105 rows, one statement on
-// their parent) by 11 statements.
+// table, login_attempt, replica and api_request_window are swept by
+// statements deleting 10, 10, 10 and 5 rows, and the three slot tables
+// (105 rows, one statement on their parent) by 11 statements.
 func TestBatchesAreBounded(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -235,7 +241,7 @@ func TestBatchesAreBounded(t *testing.T) {
 		t.Fatalf("result (-want +got):\n%s", diff)
 	}
 	want := map[string][]int64{}
-	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed"} {
+	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed"} {
 		want[name] = []int64{10, 10, 10, 5}
 	}
 	slots := tr.deletes["SlotDeleteLapsed"]
