@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -113,9 +114,8 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	rr.Start()
-	for !rr.Healthy() {
-		time.Sleep(time.Millisecond)
+	if !rr.Check(context.Background()) {
+		return nil, nil, errors.New("readroute: the stand-in probe did not answer")
 	}
 	nl, err := nodelimit.New(nodelimit.Options{Rate: rate.Inf, Logger: quiet})
 	if err != nil {
@@ -126,7 +126,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cleanup := func() { rr.Close(); nl.Close(); nowhere.Close(); nowhere2.Close() }
+	cleanup := func() { nowhere.Close(); nowhere2.Close() }
 
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	routed := rr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

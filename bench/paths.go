@@ -163,7 +163,6 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 
 // Close releases what the suite holds (not the pool).
 func (s *Suite) Close() {
-	s.nodes.Close()
 	if s.closeR != nil {
 		s.closeR()
 	}

@@ -3,64 +3,73 @@ package nodelimit_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log"
+	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/nodelimit"
-	"github.com/pglimit/pglimit/nodelimit/fakenode"
-	"github.com/pglimit/pglimit/nodelimit/jolokia"
 	"github.com/pglimit/pglimit/replica"
 )
 
-// A replica registers, takes its share of each node's rate from the
-// registry, and lists a node's queues through Jolokia: one search call and
-// reads in batches of 200, every call waiting for its turn.
+// A replica takes its share of each node's rate from the replica registry
+// and waits for its turn before every call to the node. Run the registry
+// and the limiter in the background until shutdown.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
 	ctx := context.Background()
-	pool, _ := pgxpool.New(ctx, url)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 
-	registry, _ := replica.New(pool, replica.Options{Name: "studio-1"})
-	_ = registry.Start(ctx)
-	defer registry.Stop(ctx)
-
+	registry, err := replica.New(pool, replica.Options{Name: "studio-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	limiter, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: registry})
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	defer limiter.Close()
-	_ = limiter.Refresh(ctx) // at once, rather than in the background
+	_ = registry.Heartbeat(ctx) // counted at once
+	_ = limiter.Refresh(ctx)    // the first share at once
+	runCtx, shutdown := context.WithCancel(ctx)
+	defer shutdown()
+	go func() { _ = registry.Run(runCtx) }() // heartbeat every 5 s
+	go func() { _ = limiter.Run(runCtx) }()  // re-read the ready count every 5 s
 
-	fake, _ := fakenode.New(fakenode.Options{Queues: 450})
-	broker := httptest.NewServer(fake) // stands in for http://broker-1:8161
+	broker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `[{"status":200,"value":[]}]`)
+	})) // stands in for http://broker-1:8161
 	defer broker.Close()
 
-	node, _ := limiter.Node("broker-1")
-	client, err := jolokia.New(broker.URL, node, jolokia.Options{})
+	node, err := limiter.Node("broker-1")
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	queues, err := client.Queues(ctx)
-	if err != nil {
-		fmt.Println(err) // jolokia.ErrNode: 502; nodelimit.ErrNoTurn: the request ended first
-		return
+	for range 3 {
+		// One HTTP POST is one call: wait for this replica's turn first.
+		if err := node.Wait(ctx, nodelimit.KindSearch); err != nil {
+			fmt.Println(err) // errors.Is(err, nodelimit.ErrNoTurn): the request ended first
+			return
+		}
+		resp, err := http.Post(broker.URL+"/jolokia/", "application/json", strings.NewReader(`[{"type":"search"}]`))
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
 	}
 	fmt.Printf("share: %v calls/s of %v, %d ready\n", node.Limit(), node.Rate(), limiter.ReadyReplicas())
-	fmt.Printf("%d queues; %s has %d messages, %d consumers\n",
-		len(queues), queues[0].Name, queues[0].MessageCount, queues[0].ConsumerCount)
-	st := fake.Stats()
-	fmt.Printf("the node received %d calls: %d search, %d read, at most %d reads each\n",
-		st.Calls, st.ByKind["search"], st.ByKind["read"], st.MaxRequestsPerCall)
 	// Output:
 	// share: 20 calls/s of 20, 1 ready
-	// 450 queues; q1 has 3 messages, 1 consumers
-	// the node received 4 calls: 1 search, 3 read, at most 200 reads each
 }
 
 // Share is the rate divided by the ready replicas, rounded up, at least 1.

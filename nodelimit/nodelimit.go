@@ -8,8 +8,10 @@
 // burst is one second of its share. Nothing is counted in the database per
 // call — a round trip per management call would cost more than it saves.
 // The ready count comes from the replica registry (package replica, through
-// the ReadyCounter interface), re-read in the background every 5 s by
-// default, and every node's share is adjusted when it changes.
+// the ReadyCounter interface), re-read every 5 s by default while Run runs
+// in the background, and every node's share is adjusted when it changes.
+// New starts nothing; until Run (or a Refresh) has read the count, each
+// replica takes itself for the only one.
 //
 // Because the rate is shared in whole calls per second, a rate below the
 // number of ready replicas lets each replica call once a second and the
@@ -22,9 +24,9 @@
 // a long list of reads in batches of at most 200, one call each, keeping the
 // order of the results (the ADR's BrokerListOps.readAll).
 //
-// The Jolokia client that makes the calls is package nodelimit/jolokia; a
-// stand-in broker node for tests and demos is package nodelimit/fakenode
-// (command cmd/fakenode).
+// The reference service's Jolokia client, which makes its calls through a
+// Node, and a stand-in broker node for tests and demos live with the
+// service (cmd/studio, cmd/fakenode), not in the library.
 package nodelimit
 
 import (
@@ -92,8 +94,8 @@ type Options struct {
 	// Replicas gives the number of ready replicas the rate is divided by.
 	// Default nil: this replica is taken to be the only one.
 	Replicas ReadyCounter
-	// Refresh is how often Replicas is read, in the background; the first
-	// read is made at once by New's goroutine. Default 5s.
+	// Refresh is how often Run reads Replicas; its first read is made at
+	// once. Default 5s.
 	Refresh time.Duration
 	// MeterProvider provides the studio.broker.calls counter. Default
 	// otel.GetMeterProvider().
@@ -121,10 +123,8 @@ type Limiter struct {
 	mu    sync.Mutex // guards nodes and the shares of their buckets
 	nodes map[string]*Node
 
-	refreshMu sync.Mutex // one read of the ready count at a time
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	refreshMu sync.Mutex  // one read of the ready count at a time
+	ran       atomic.Bool // Run was called
 }
 
 // ErrNoTurn is matched (errors.Is) by every *WaitError: the caller's
@@ -175,8 +175,8 @@ func checkRate(what string, r rate.Limit) error {
 	return nil
 }
 
-// New returns a Limiter. When Options.Replicas is set it starts a goroutine
-// that reads the ready count at once and then every Refresh; Close stops it.
+// New returns a Limiter. It checks opts and starts nothing: Run reads the
+// ready count in the background.
 func New(opts Options) (*Limiter, error) {
 	if opts.Rate == 0 {
 		opts.Rate = DefaultRate
@@ -218,52 +218,45 @@ func New(opts Options) (*Limiter, error) {
 		addSearch: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", string(KindSearch))))},
 		addRead:   []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", string(KindRead))))},
 		nodes:     map[string]*Node{},
-		stop:      make(chan struct{}),
-		done:      make(chan struct{}),
 	}
 	l.ready.Store(1)
-	if l.replicas == nil {
-		close(l.done)
-		return l, nil
-	}
-	go l.loop()
 	return l, nil
 }
 
-func (l *Limiter) loop() {
-	defer close(l.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-l.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+// ErrRunTwice is returned by Run when it was called before on the same
+// Limiter.
+var ErrRunTwice = errors.New("nodelimit: Run called twice")
+
+// Run reads the ready count at once and then every Refresh, adjusting every
+// node's share, until ctx ends; it then returns nil, and the Limiter goes
+// on limiting with the last share it had. A failed read is logged (once
+// until a read succeeds again) and keeps the share in use. Without
+// Options.Replicas it waits for ctx. Run may be called once; a second call
+// returns ErrRunTwice at once.
+func (l *Limiter) Run(ctx context.Context) error {
+	if l.ran.Swap(true) {
+		return ErrRunTwice
+	}
+	if l.replicas == nil {
+		<-ctx.Done()
+		return nil
+	}
 	t := time.NewTicker(l.refresh)
 	defer t.Stop()
 	for {
 		_ = l.Refresh(ctx) // logged; the share in use stays
 		select {
-		case <-l.stop:
-			return
+		case <-ctx.Done():
+			return nil
 		case <-t.C:
 		}
 	}
 }
 
-// Close stops the background reads of the ready count. The Limiter goes on
-// limiting with the last share it had. Close is idempotent.
-func (l *Limiter) Close() {
-	l.closeOnce.Do(func() { close(l.stop) })
-	<-l.done
-}
-
 // Refresh reads the ready count now and adjusts every node's share when it
-// changed. The background goroutine calls it every Refresh; a service may
-// call it once its replica is registered. On an error the share in use
-// stays. The read is bounded by ctx and by Refresh (at most 5s).
+// changed. Run calls it every Refresh; a service may call it once its
+// replica is registered, before Run. On an error the share in use stays.
+// The read is bounded by ctx and by Refresh (at most 5s).
 func (l *Limiter) Refresh(ctx context.Context) error {
 	if l.replicas == nil {
 		return nil
@@ -274,6 +267,9 @@ func (l *Limiter) Refresh(ctx context.Context) error {
 	defer cancel()
 	n, err := l.replicas.ReadyReplicas(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return err // Run is ending: not a failed read
+		}
 		if !l.readFails.Swap(true) {
 			l.log.Warn("nodelimit: cannot read the ready replicas; keeping the current share",
 				"ready", l.ready.Load(), "err", err)

@@ -28,7 +28,7 @@ import (
 	"github.com/pglimit/pglimit/replica"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -63,8 +63,53 @@ func newLimiter(t testing.TB, opts nodelimit.Options) *nodelimit.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(l.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	stops.Store(l, stop)
+	t.Cleanup(stop)
 	return l
+}
+
+// stops holds the function that ends each test limiter's Run.
+var stops sync.Map
+
+// stopRun ends l's Run and waits for it.
+func stopRun(l *nodelimit.Limiter) {
+	stop, _ := stops.Load(l)
+	stop.(func())()
+}
+
+// runRegistry runs reg in the background until the returned stop is
+// called or the test ends; a first heartbeat is written before it returns.
+func runRegistry(t testing.TB, reg *replica.Registry) (stop func()) {
+	t.Helper()
+	if err := reg.Heartbeat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reg.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("registry Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func nodeOf(t testing.TB, l *nodelimit.Limiter, name string) *nodelimit.Node {
@@ -92,6 +137,7 @@ func newFakeNode(t testing.TB, queues int) (*fakenode.Node, *httptest.Server) {
 type rep struct {
 	pool   *pgxpool.Pool
 	reg    *replica.Registry
+	stop   func() // ends the registry's Run
 	lim    *nodelimit.Limiter
 	node   *nodelimit.Node
 	client *jolokia.Client
@@ -110,17 +156,14 @@ func startReplicas(t *testing.T, url string, n int, total rate.Limit, nodeURL st
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = reg.Stop(context.Background()) })
-		if err := reg.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
+		stop := runRegistry(t, reg)
 		lim := newLimiter(t, nodelimit.Options{Rate: total, Replicas: reg, Refresh: refresh})
 		node := nodeOf(t, lim, "fake")
 		client, err := jolokia.New(nodeURL, node, jolokia.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		reps[i] = &rep{pool: pool, reg: reg, lim: lim, node: node, client: client}
+		reps[i] = &rep{pool: pool, reg: reg, stop: stop, lim: lim, node: node, client: client}
 	}
 	for _, r := range reps {
 		if err := r.lim.Refresh(ctx); err != nil {
@@ -219,7 +262,7 @@ func TestShareFollowsReadyReplicas(t *testing.T) {
 		}
 	}
 
-	reps[2].lim.Close()
+	stopRun(reps[2].lim)
 	reps[2].pool.Close() // r2's heartbeats fail from now on; its row lapses
 	start := time.Now()
 	waitFor(t, 5*time.Second, "r0 and r1 take 3/s each", func() bool {
@@ -230,9 +273,7 @@ func TestShareFollowsReadyReplicas(t *testing.T) {
 		t.Fatalf("ready %d burst %d, want 2 and 3", reps[0].lim.ReadyReplicas(), reps[0].node.Burst())
 	}
 
-	if err := reps[1].reg.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	reps[1].stop() // a clean shutdown: Run deletes its row
 	waitFor(t, 5*time.Second, "r0 takes the whole rate", func() bool { return reps[0].node.Limit() == 6 })
 }
 
@@ -420,8 +461,8 @@ func TestNoReadyCountPerCall(t *testing.T) {
 	}
 }
 
-// TestRefresh: the background refresh follows the count at its interval,
-// and keeps the share in use when the count cannot be read.
+// TestRefresh: Run follows the count at its interval, keeps the share in
+// use when the count cannot be read, and stops reading when it ends.
 func TestRefresh(t *testing.T) {
 	t.Parallel()
 	ready := newFixed(4)
@@ -451,11 +492,17 @@ func TestRefresh(t *testing.T) {
 	if again := nodeOf(t, l, "fast"); again != fast {
 		t.Fatal("Node returned a second limiter for one node")
 	}
-	l.Close()
+	if err := l.Run(context.Background()); !errors.Is(err, nodelimit.ErrRunTwice) {
+		t.Fatalf("second Run: %v, want ErrRunTwice", err)
+	}
+	stopRun(l)
 	reads = ready.reads.Load()
 	time.Sleep(100 * time.Millisecond)
 	if ready.reads.Load() != reads {
-		t.Fatal("reads after Close")
+		t.Fatal("reads after Run ended")
+	}
+	if fast.Limit() != 20 {
+		t.Fatalf("after Run ended: limit %v, want the last share (20)", fast.Limit())
 	}
 }
 
@@ -575,10 +622,7 @@ func BenchmarkWait(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := reg.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = reg.Stop(context.Background()) })
+	runRegistry(b, reg)
 	ready := &countingReady{inner: reg}
 	noop := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour})
 	sdk := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour,
@@ -624,4 +668,22 @@ type countingReady struct {
 func (c *countingReady) ReadyReplicas(ctx context.Context) (int, error) {
 	c.reads.Add(1)
 	return c.inner.ReadyReplicas(ctx)
+}
+
+// TestNewStartsNothing: New reads nothing; only Run (or Refresh) reads the
+// ready count.
+func TestNewStartsNothing(t *testing.T) {
+	t.Parallel()
+	ready := newFixed(4)
+	l, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: ready, Refresh: time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := ready.reads.Load(); n != 0 || l.ReadyReplicas() != 1 {
+		t.Fatalf("after New: %d reads, ready %d; want none and 1", n, l.ReadyReplicas())
+	}
+	if err := l.Refresh(context.Background()); err != nil || l.ReadyReplicas() != 4 {
+		t.Fatalf("Refresh: %v, ready %d", err, l.ReadyReplicas())
+	}
 }

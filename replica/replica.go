@@ -1,11 +1,13 @@
 // Package replica is the registry of a service's running replicas, kept in
 // the UNLOGGED replica table of the database they share.
 //
-// Each replica registers a row when it starts (Start), refreshes it on every
-// heartbeat (by default every 5 s) and, when it shuts down, marks the row
-// not ready and deletes it (Stop). A row lapses three intervals after its
-// last heartbeat, on the database clock: a replica that died without Stop
-// stops counting by itself. ReadyReplicas returns how many replicas are ready
+// Each replica runs its Registry's Run in the background (pglimit.Run does):
+// it registers a row at once, refreshes it on every heartbeat (by default
+// every 5 s) and, when Run's context ends, marks the row not ready and
+// deletes it. A row lapses three intervals after its last heartbeat, on the
+// database clock: a replica that died without cleaning up stops counting by
+// itself. New starts nothing; Heartbeat, Drain, ReadyReplicas and List are
+// one-shot calls. ReadyReplicas returns how many replicas are ready
 // now, never fewer than one (the caller itself); the node call limiter
 // (package nodelimit) divides a broker node's rate by it (ADR-0196
 // decision 6).
@@ -59,8 +61,9 @@ type Options struct {
 	Now func() time.Time
 }
 
-// ErrStarted is returned by Start when the registry was started before.
-var ErrStarted = errors.New("replica: registry already started")
+// ErrStarted is returned by Run when it was called before on the same
+// Registry.
+var ErrStarted = errors.New("replica: Run called twice")
 
 // Registry registers this replica and counts the ready ones. It is safe for
 // concurrent use.
@@ -74,19 +77,18 @@ type Registry struct {
 	now      func() time.Time
 
 	mu          sync.Mutex
-	started     bool
-	stopped     bool
+	started     bool // Run was called
+	stopped     bool // Run ended
 	draining    bool
 	startedAt   pgtype.Timestamptz // the row's started_at, once registered
 	lastOK      time.Time          // when the last successful heartbeat ended
 	lastErr     error              // the last heartbeat's error, nil after a success
-	stopLoop    context.CancelFunc // ends the heartbeat loop
-	loopDone    chan struct{}
-	heartbeatMu sync.Mutex // one heartbeat statement at a time, in order
+	heartbeatMu sync.Mutex         // one heartbeat statement at a time, in order
 }
 
 // New returns a Registry of the replicas whose rows are in pool's database.
-// It does not touch the database: Start registers the replica.
+// It checks opts and starts nothing, nor touches the database: Run
+// registers the replica.
 func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
 	if pool == nil {
 		return nil, errors.New("replica: nil pool")
@@ -129,46 +131,66 @@ func (r *Registry) Name() string { return r.name }
 // Interval is the heartbeat interval.
 func (r *Registry) Interval() time.Duration { return r.interval }
 
-// Start registers this replica with a first heartbeat, bounded by ctx, and
-// starts heartbeating in the background until Stop. The background loop
-// runs even when the first heartbeat fails (the database may come up
-// later); that error is returned for the caller to log, and Ready reports
-// false until a heartbeat succeeds. Call Stop in either case.
-func (r *Registry) Start(ctx context.Context) error {
+// Run registers this replica with a heartbeat at once and then every
+// Interval, until ctx ends; it then marks the row not ready and deletes it,
+// with a context of its own bounded by Timeout (a row it could not delete
+// is logged and lapses three intervals after its last heartbeat), and
+// returns nil. A failed heartbeat never stops it: it is logged, Ready
+// reports false, and the next tick tries again. Run may be called once; a
+// second call returns ErrStarted at once.
+func (r *Registry) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {
 		r.mu.Unlock()
 		return ErrStarted
 	}
 	r.started = true
-	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.stopLoop = cancel
-	r.loopDone = make(chan struct{})
 	r.mu.Unlock()
 
-	err := r.Heartbeat(ctx)
-	go r.loop(loopCtx)
-	return err
-}
-
-func (r *Registry) loop(ctx context.Context) {
-	defer close(r.loopDone)
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
+		_ = r.Heartbeat(ctx) // recorded and logged; the next tick tries again
 		select {
 		case <-ctx.Done():
-			return
+			r.stop(context.WithoutCancel(ctx))
+			return nil
 		case <-t.C:
-			_ = r.Heartbeat(ctx) // recorded and logged; the next tick tries again
 		}
 	}
 }
 
+// stop marks the row not ready, then deletes it, each statement bounded by
+// the heartbeat timeout.
+func (r *Registry) stop(ctx context.Context) {
+	r.mu.Lock()
+	r.draining = true
+	r.mu.Unlock()
+	errDrain := r.Heartbeat(ctx)
+
+	r.heartbeatMu.Lock() // a heartbeat in flight ends before the row goes
+	defer r.heartbeatMu.Unlock()
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	errDelete := r.q.ReplicaDelete(dctx, r.pool, r.name)
+	if errDelete != nil {
+		errDelete = fmt.Errorf("replica: delete row: %w", errDelete)
+	}
+	if err := errors.Join(errDrain, errDelete); err != nil {
+		r.log.Warn("replica: could not remove this replica's row at shutdown; it lapses three intervals after its last heartbeat",
+			"replica", r.name, "err", err)
+	}
+}
+
 // Heartbeat refreshes this replica's row now (re-creating it when the table
-// was emptied) and records the outcome for Ready. The background loop calls
-// it every interval; a caller need not. A failure is logged once when
-// heartbeats start failing and once when they recover.
+// was emptied) and records the outcome for Ready. Run calls it every
+// interval; a service may call it once before Run starts, to be counted at
+// once (e.g. before the node limiter reads the ready count). A failure is
+// logged once when heartbeats start failing and once when they recover.
+// After Run has ended it does nothing.
 func (r *Registry) Heartbeat(ctx context.Context) error {
 	r.heartbeatMu.Lock()
 	defer r.heartbeatMu.Unlock()
@@ -192,7 +214,7 @@ func (r *Registry) Heartbeat(ctx context.Context) error {
 	prevErr := r.lastErr
 	if err != nil {
 		r.lastErr = err
-		if prevErr == nil {
+		if prevErr == nil && ctx.Err() == nil {
 			r.log.Warn("replica: heartbeat failed; retrying every interval", "replica", r.name, "err", err)
 		}
 		return fmt.Errorf("replica: heartbeat: %w", err)
@@ -211,9 +233,9 @@ func (r *Registry) Heartbeat(ctx context.Context) error {
 // ttl is how long a heartbeat keeps the row ready.
 func (r *Registry) ttl() time.Duration { return Lapse * r.interval }
 
-// Ready reports whether this replica is registered and ready: started, not
-// draining or stopped, its last heartbeat succeeded, and that was less than
-// three intervals ago. A service's /readyz reports it.
+// Ready reports whether this replica is registered and ready: Run is
+// running, not draining, its last heartbeat succeeded, and that was less
+// than three intervals ago. A service's /readyz reports it.
 func (r *Registry) Ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -231,49 +253,18 @@ func (r *Registry) LastError() error {
 
 // Drain marks this replica not ready, in its row and in Ready, while it
 // finishes its work; heartbeats go on with ready false, so the other
-// replicas stop counting it at once. Stop drains first if Drain was not
-// called.
+// replicas stop counting it at once. Run drains before it deletes the row
+// when its context ends; a service calls Drain first, when it stops taking
+// requests.
 func (r *Registry) Drain(ctx context.Context) error {
 	r.mu.Lock()
 	r.draining = true
-	started := r.started && !r.stopped
+	running := r.started && !r.stopped
 	r.mu.Unlock()
-	if !started {
+	if !running {
 		return nil
 	}
 	return r.Heartbeat(ctx)
-}
-
-// Stop ends the heartbeats, marks the row not ready and deletes it. Each
-// statement is bounded by the heartbeat timeout (and ctx); a row Stop could
-// not delete lapses three intervals after the last heartbeat. Stop is
-// idempotent and returns the first error.
-func (r *Registry) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	if !r.started || r.stopped {
-		r.mu.Unlock()
-		return nil
-	}
-	r.mu.Unlock()
-
-	errDrain := r.Drain(ctx)
-
-	r.mu.Lock()
-	r.stopped = true
-	r.stopLoop()
-	done := r.loopDone
-	r.mu.Unlock()
-	<-done
-
-	r.heartbeatMu.Lock() // a heartbeat in flight ends before the row goes
-	defer r.heartbeatMu.Unlock()
-	dctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	errDelete := r.q.ReplicaDelete(dctx, r.pool, r.name)
-	if errDelete != nil {
-		errDelete = fmt.Errorf("replica: delete row: %w", errDelete)
-	}
-	return errors.Join(errDrain, errDelete)
 }
 
 // ReadyReplicas returns the number of ready replicas: rows marked ready

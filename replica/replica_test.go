@@ -18,7 +18,7 @@ import (
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -30,8 +30,32 @@ func newRegistry(t *testing.T, pool *pgxpool.Pool, name string, interval time.Du
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	return r
+}
+
+// start runs r in the background until the returned stop is called (or
+// the test ends); stop returns Run's result.
+func start(t *testing.T, r *replica.Registry) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// started runs r and waits for its first heartbeat to succeed.
+func started(t *testing.T, r *replica.Registry) (stop func() error) {
+	t.Helper()
+	stop = start(t, r)
+	eventually(t, 5*time.Second, "Ready after Run started", r.Ready)
+	return stop
 }
 
 // row is what an independent observer reads of one replica row.
@@ -84,9 +108,9 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 	}
 }
 
-// TestLifecycle: a replica registers a ready row at start, heartbeats it,
-// marks it not ready when draining, and deletes it on Stop; another
-// replica's count follows every step.
+// TestLifecycle: a replica registers a ready row when Run starts,
+// heartbeats it, marks it not ready when draining, and deletes it when
+// Run's context ends; another replica's count follows every step.
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -97,23 +121,16 @@ func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
 
 	if a.Ready() {
-		t.Fatal("Ready before Start")
+		t.Fatal("Ready before Run")
 	}
 	if _, ok := observe(t, obs, "a"); ok {
-		t.Fatal("row before Start")
+		t.Fatal("row before Run")
 	}
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !a.Ready() || !b.Ready() {
-		t.Fatalf("Ready after Start: a %v b %v", a.Ready(), b.Ready())
-	}
+	stopA := started(t, a)
+	started(t, b)
 	first, ok := observe(t, obs, "a")
 	if !ok || !first.ready || !first.countsNow {
-		t.Fatalf("row after Start: %+v present %v", first, ok)
+		t.Fatalf("row after Run started: %+v present %v", first, ok)
 	}
 	if first.ttl != replica.Lapse*interval {
 		t.Fatalf("row lapses %v after its heartbeat, want 3 intervals (%v)", first.ttl, replica.Lapse*interval)
@@ -144,25 +161,31 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("row after draining for a while: %+v present %v", r, ok)
 	}
 
-	if err := a.Stop(ctx); err != nil {
-		t.Fatal(err)
+	if err := stopA(); err != nil {
+		t.Fatalf("Run returned %v when its context ended, want nil", err)
 	}
 	if _, ok := observe(t, obs, "a"); ok {
-		t.Fatal("row still there after Stop")
+		t.Fatal("row still there after Run ended")
+	}
+	if a.Ready() {
+		t.Fatal("Ready after Run ended")
+	}
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatalf("Heartbeat after Run ended: %v", err)
 	}
 	time.Sleep(2 * interval) // no heartbeat brings it back
 	if _, ok := observe(t, obs, "a"); ok {
-		t.Fatal("row came back after Stop")
+		t.Fatal("row came back after Run ended")
 	}
-	if err := a.Stop(ctx); err != nil {
-		t.Fatalf("second Stop: %v", err)
+	if err := a.Run(ctx); !errors.Is(err, replica.ErrStarted) {
+		t.Fatalf("second Run: %v, want ErrStarted", err)
 	}
 	if list, err := b.List(ctx); err != nil || len(list) != 1 || list[0].Name != "b" || !list[0].Ready {
 		t.Fatalf("List = %+v, %v; want only b, ready", list, err)
 	}
 }
 
-// TestStaleRowNotCounted: a replica that stops heartbeating without Stop
+// TestStaleRowNotCounted: a replica that stops heartbeating without ending Run
 // (its database connection is gone) is counted until its row is three
 // intervals old, then no more.
 func TestStaleRowNotCounted(t *testing.T) {
@@ -175,9 +198,7 @@ func TestStaleRowNotCounted(t *testing.T) {
 	b := newRegistry(t, poolB, "b", interval)
 	ctx := context.Background()
 	for _, r := range []*replica.Registry{a, b} {
-		if err := r.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
+		started(t, r)
 	}
 	if n := readyCount(t, a); n != 2 {
 		t.Fatalf("ready replicas = %d, want 2", n)
@@ -210,9 +231,7 @@ func TestCountNeverBelowOne(t *testing.T) {
 	}
 	b := newRegistry(t, pgtest.Pool(t, url, 2), "b", time.Second)
 	ctx := context.Background()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	started(t, b)
 	if err := b.Drain(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -231,9 +250,7 @@ func TestRowRecreatedAfterTruncate(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", interval)
 	ctx := context.Background()
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	started(t, a)
 	before, _ := observe(t, obs, "a")
 	time.Sleep(20 * time.Millisecond)
 	if _, err := obs.Exec(ctx, `TRUNCATE pglimit.replica`); err != nil {
@@ -269,9 +286,7 @@ func TestSurvivesDatabaseCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newRegistry(t, pool, "a", 100*time.Millisecond)
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	started(t, a)
 	if err := c.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -290,17 +305,23 @@ func TestSurvivesDatabaseCrash(t *testing.T) {
 	}
 }
 
-// TestHeartbeatFailureHarmless: a registry whose database cannot be reached
-// starts, reports the error, keeps trying and stops without panicking.
+// TestHeartbeatFailureHarmless: a registry whose database cannot be
+// reached runs, reports the error, keeps trying, and ends without an error
+// or a panic when its context ends, logging that its row could not be
+// removed.
 func TestHeartbeatFailureHarmless(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := pgtest.Pool(t, url, 1)
 	pool.Close()
-	a := newRegistry(t, pool, "a", 20*time.Millisecond)
-	if err := a.Start(context.Background()); err == nil {
-		t.Fatal("Start on a closed pool: no error")
+	var logged syncBuffer
+	a, err := replica.New(pool, replica.Options{Name: "a", Interval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
 	}
+	stop := start(t, a)
+	eventually(t, 5*time.Second, "a heartbeat error", func() bool { return a.LastError() != nil })
 	time.Sleep(100 * time.Millisecond)
 	if a.Ready() || a.LastError() == nil {
 		t.Fatalf("Ready %v LastError %v; want false and an error", a.Ready(), a.LastError())
@@ -308,9 +329,33 @@ func TestHeartbeatFailureHarmless(t *testing.T) {
 	if n, err := a.ReadyReplicas(context.Background()); n != 1 || err == nil {
 		t.Fatalf("ReadyReplicas = %d, %v; want 1 and an error", n, err)
 	}
-	if err := a.Stop(context.Background()); err == nil {
-		t.Fatal("Stop on a closed pool: no error")
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v when its context ended, want nil", err)
 	}
+	if !strings.Contains(logged.String(), "could not remove this replica's row") {
+		t.Errorf("no log line for the row left behind: %q", logged.String())
+	}
+	if got := strings.Count(logged.String(), "heartbeat failed"); got != 1 {
+		t.Errorf("%d lines say the heartbeat failed, want 1 (once when heartbeats start failing): %q", got, logged.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestReadyNeedsRecentHeartbeat: Ready turns false three intervals after the
@@ -326,10 +371,7 @@ func TestReadyNeedsRecentHeartbeat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = a.Stop(context.Background()) })
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	started(t, a)
 	advance(3*time.Hour - time.Second)
 	if !a.Ready() {
 		t.Fatal("not Ready 2h59m59s after a heartbeat with a 1h interval")
@@ -346,14 +388,14 @@ func TestReadyNeedsRecentHeartbeat(t *testing.T) {
 	}
 }
 
-func TestStartTwice(t *testing.T) {
+// TestRunTwice: a second Run of one Registry, while the first runs,
+// returns ErrStarted at once.
+func TestRunTwice(t *testing.T) {
 	t.Parallel()
 	a := newRegistry(t, pgtest.Pool(t, pgtest.URL(t), 1), "a", time.Second)
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(context.Background()); !errors.Is(err, replica.ErrStarted) {
-		t.Fatalf("second Start: %v, want ErrStarted", err)
+	started(t, a)
+	if err := a.Run(context.Background()); !errors.Is(err, replica.ErrStarted) {
+		t.Fatalf("second Run: %v, want ErrStarted", err)
 	}
 }
 

@@ -85,20 +85,27 @@ func run(args []string) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	bgCtx, bgCancel := context.WithCancel(context.Background())
-	bgDone := make(chan struct{})
-	go func() { a.Run(bgCtx); close(bgDone) }()
+	bgDone := make(chan error, 1)
+	go func() { bgDone <- a.Run(bgCtx) }()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("studio is serving", "addr", ln.Addr().String(), "replica", cfg.ReplicaName)
 
+	var bgErr error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
 	case err := <-serveErr:
 		bgCancel()
-		<-bgDone
-		return err
+		return errors.Join(err, <-bgDone)
+	case bgErr = <-bgDone:
+		// The background work ended on its own: it failed, and the replica
+		// cannot go on counting itself or sweeping. Shut down.
+		if bgErr == nil {
+			bgErr = errors.New("the background work ended before shutdown")
+		}
+		log.Error("background work failed; shutting down", "err", bgErr)
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -109,8 +116,10 @@ func run(args []string) error {
 	// Background work stops last: the registry marks this replica not ready
 	// and deletes its row once no request runs any more.
 	bgCancel()
-	<-bgDone
-	return nil
+	if bgErr != nil {
+		return bgErr
+	}
+	return <-bgDone
 }
 
 func newLogger(cfg *app.Config) *slog.Logger {

@@ -32,9 +32,7 @@ func BenchmarkHandler(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r.Start()
-	defer r.Close()
-	if !r.Healthy() {
+	if !r.Check(context.Background()) || !r.Healthy() {
 		b.Fatal("not healthy")
 	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -3,13 +3,13 @@ package readroute_test
 import (
 	"context"
 	"encoding/json"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/readroute"
 )
 
@@ -17,17 +17,26 @@ import (
 // in the response. Here a second pool on the same database stands in for
 // the read replica.
 func Example() {
-	url, drop := pgtest.ForExample()
-	defer drop()
 	ctx := context.Background()
-	primary, _ := pgxpool.New(ctx, url)
+	primary, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer primary.Close()
-	replica, _ := pgxpool.New(ctx, url) // in production: the replica's URL
+	replica, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // in production: the replica's URL
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer replica.Close()
 
-	router, _ := readroute.New(primary, replica, readroute.Options{})
-	router.Start() // checks the replica now, then every second
-	defer router.Close()
+	router, err := readroute.New(primary, replica, readroute.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	router.Check(ctx) // once now; Run checks every second until ctx ends
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = router.Run(runCtx) }()
 
 	events := router.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var n int
@@ -46,9 +55,12 @@ func Example() {
 	os.Stdout.Write(rec.Body.Bytes())
 
 	// Without a replica every read goes to the primary and mayLag is false.
-	alone, _ := readroute.New(primary, nil, readroute.Options{})
+	alone, err := readroute.New(primary, nil, readroute.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mayLag, _ := alone.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error { return nil })
-	json.NewEncoder(os.Stdout).Encode(map[string]any{"mayLag": mayLag})
+	_ = json.NewEncoder(os.Stdout).Encode(map[string]any{"mayLag": mayLag})
 	// Output:
 	// {"items":[42],"mayLag":true}
 	// {"mayLag":false}

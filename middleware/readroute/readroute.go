@@ -28,10 +28,11 @@
 //
 // # Health
 //
-// A background checker (Start) pings the replica every Interval (1 s) with
-// a short Timeout (500 ms). While the replica answers, reads go to it; when
-// a ping fails, reads go to the primary (mayLag false) until a ping answers
-// again. Nothing on the request path touches the database: the health is
+// Run, in the background, pings the replica at once and then every Interval
+// (1 s) with a short Timeout (500 ms), until its context ends. While the
+// replica answers, reads go to it; before the first ping answers, when a
+// ping fails, and after Run has returned, reads go to the primary (mayLag
+// false) until a ping answers again. Nothing on the request path touches the database: the health is
 // read from memory. A replica that goes down between two pings is caught
 // by Read: a connection-class error (dberr.IsUnavailable) from the replica
 // marks it down at once and the read is retried, once, on the primary, so
@@ -102,19 +103,14 @@ type Router struct {
 	log              *slog.Logger
 
 	healthy atomic.Bool
-
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	ran     atomic.Bool // Run was called
 }
 
 // New returns a Router reading from replica when it is healthy and from
 // primary otherwise. replica may be nil: every read then goes to the
-// primary and Start starts nothing. Until Start has checked the replica,
-// reads go to the primary. The Router does not own the pools: close them
-// after Close.
+// primary. It checks opts and starts nothing: until Run has checked the
+// replica, reads go to the primary. The Router does not own the pools:
+// close them after Run has returned.
 func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if primary == nil {
 		return nil, errors.New("readroute: nil primary pool")
@@ -142,47 +138,31 @@ var queries = db.New()
 
 func ping(ctx context.Context, replica *pgxpool.Pool) error { return queries.SessionPing(ctx, replica) }
 
-// Start checks the replica once (waiting at most Timeout) and then every
-// Interval in the background, until Close. Without a replica it does
-// nothing. Calling it again, or after Close, does nothing.
-func (r *Router) Start() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.replica == nil || r.started || r.closed {
-		return
-	}
-	r.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel, r.done = cancel, make(chan struct{})
-	r.check(ctx)
-	go r.run(ctx, r.done)
-}
+// ErrRunTwice is returned by Run when it was called before on the same
+// Router.
+var ErrRunTwice = errors.New("readroute: Run called twice")
 
-// Close stops the health checker and waits for it; reads then go to the
-// primary. It does not close the pools. Calling it again does nothing.
-func (r *Router) Close() {
-	r.mu.Lock()
-	r.closed = true
-	cancel, done := r.cancel, r.done
-	r.cancel, r.done = nil, nil
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
+// Run checks the replica at once and then every Interval (checks never
+// overlap), until ctx ends; it then marks the replica not healthy, so reads
+// go to the primary, and returns nil. Without a replica it waits for ctx.
+// Run may be called once; a second call returns ErrRunTwice at once.
+func (r *Router) Run(ctx context.Context) error {
+	if r.ran.Swap(true) {
+		return ErrRunTwice
 	}
-	r.healthy.Store(false)
-}
-
-func (r *Router) run(ctx context.Context, done chan struct{}) {
-	defer close(done)
+	defer r.healthy.Store(false)
+	if r.replica == nil {
+		<-ctx.Done()
+		return nil
+	}
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
+		r.check(ctx)
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
-			r.check(ctx)
 		}
 	}
 }
@@ -201,7 +181,7 @@ func (r *Router) check(ctx context.Context) bool {
 	defer cancel()
 	err := r.probe(ctx, r.replica)
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		// Closing, not a failed check.
+		// Run is ending (or the caller went away), not a failed check.
 		return r.healthy.Load()
 	}
 	r.setHealthy(err == nil, err)

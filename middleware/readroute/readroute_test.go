@@ -19,7 +19,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/readroute"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 // answer is what the test handler writes: which server answered (the
 // independent observer: pg_is_in_recovery() is true only on the replica)
@@ -66,9 +66,24 @@ func mustRouter(t *testing.T, primary, replica *pgxpool.Pool, opts readroute.Opt
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Start()
-	t.Cleanup(r.Close)
+	// One check now, so the test starts from the replica's real health.
+	// The checker does not run: a test that needs it calls run.
+	r.Check(context.Background())
 	return r
+}
+
+// run runs r's checker in the background until the test ends.
+func run(t *testing.T, r *readroute.Router) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 }
 
 // waitFor polls cond every 20 ms for up to 15 s.
@@ -126,6 +141,7 @@ func TestReplicaGoesAndReturns(t *testing.T) {
 			primary := pgtest.Pool(t, primaryC.URL("app"), 4)
 			replica := pgtest.Pool(t, replicaC.URL("app"), 4)
 			r := mustRouter(t, primary, replica, readroute.Options{Interval: 50 * time.Millisecond})
+			run(t, r)
 			h := r.Handler(historyHandler())
 
 			waitFor(t, "a replica that answers is healthy", r.Healthy)
@@ -192,8 +208,8 @@ func stopCluster(t *testing.T, c *embedpg.Cluster, how string) {
 
 // A replica that goes down between two health checks: the read that finds
 // it down is retried on the primary and succeeds, and the replica is marked
-// down at once. The checker here never runs again after Start, so only
-// Read's fallback can save the request.
+// down at once. The checker here does not run, so only Read's fallback
+// can save the request.
 func TestReadRacesTheHealthCheck(t *testing.T) {
 	t.Parallel()
 	primaryC, replicaC := pgtest.WithReplica(t)
@@ -292,6 +308,7 @@ func TestConcurrentReadsWhileReplicaComesAndGoes(t *testing.T) {
 	primary := pgtest.Pool(t, primaryC.URL("app"), 8)
 	replica := pgtest.Pool(t, replicaC.URL("app"), 8)
 	r := mustRouter(t, primary, replica, readroute.Options{Interval: 50 * time.Millisecond})
+	run(t, r)
 	h := r.Handler(historyHandler())
 
 	var failed, fromReplica, fromPrimary, wrongLag atomic.Int64
@@ -346,8 +363,9 @@ func TestConcurrentReadsWhileReplicaComesAndGoes(t *testing.T) {
 	}
 }
 
-// The checker runs every Interval with the injected probe, follows its
-// answers both ways, and stops at Close.
+// Run checks at once and then every Interval with the injected probe,
+// follows its answers both ways, and stops when its context ends, leaving
+// reads on the primary; a second Run is refused.
 func TestCheckerLifecycle(t *testing.T) {
 	t.Parallel()
 	primary, _ := pgtest.NewDB(t, 2)
@@ -369,12 +387,16 @@ func TestCheckerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Healthy() {
-		t.Fatal("healthy before Start")
+	time.Sleep(30 * time.Millisecond)
+	if r.Healthy() || probes.Load() != 0 {
+		t.Fatalf("before Run: healthy %v, %d probes; want no check yet", r.Healthy(), probes.Load())
 	}
-	r.Start()
-	if r.Healthy() || probes.Load() != 1 {
-		t.Fatalf("after Start with the replica down: healthy %v, %d probes", r.Healthy(), probes.Load())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "a first check", func() bool { return probes.Load() >= 1 })
+	if r.Healthy() {
+		t.Fatal("healthy with the replica down")
 	}
 	up.Store(true)
 	waitFor(t, "healthy after the probe answers", r.Healthy)
@@ -382,21 +404,39 @@ func TestCheckerLifecycle(t *testing.T) {
 	waitFor(t, "down after the probe fails", func() bool { return !r.Healthy() })
 	up.Store(true)
 	waitFor(t, "healthy again", r.Healthy)
-	r.Start() // again: no second checker
-	r.Close()
+	if err := r.Run(ctx); !errors.Is(err, readroute.ErrRunTwice) {
+		t.Errorf("second Run: %v, want ErrRunTwice", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v when its context ended, want nil", err)
+	}
 	if r.Healthy() {
-		t.Error("healthy after Close")
+		t.Error("healthy after Run ended")
 	}
 	n := probes.Load()
 	time.Sleep(100 * time.Millisecond)
 	if probes.Load() != n {
-		t.Errorf("probes went on after Close: %d then %d", n, probes.Load())
+		t.Errorf("probes went on after Run ended: %d then %d", n, probes.Load())
 	}
-	r.Close()
-	r.Start() // after Close: nothing
-	time.Sleep(50 * time.Millisecond)
-	if probes.Load() != n || r.Healthy() {
-		t.Errorf("Start after Close ran the checker")
+	if err := r.Run(context.Background()); !errors.Is(err, readroute.ErrRunTwice) {
+		t.Errorf("Run after the first ended: %v, want ErrRunTwice", err)
+	}
+}
+
+// TestRunWithoutReplica waits for its context and returns nil; reads stay
+// on the primary.
+func TestRunWithoutReplica(t *testing.T) {
+	t.Parallel()
+	primary, _ := pgtest.NewDB(t, 1)
+	r, err := readroute.New(primary, nil, readroute.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := r.Run(ctx); err != nil || r.Healthy() {
+		t.Errorf("Run without a replica = %v, healthy %v", err, r.Healthy())
 	}
 }
 

@@ -123,7 +123,6 @@ func TestQueuesThroughTheLimiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
 	node, _ := l.Node("fake")
 	ctx, cancel := context.WithTimeout(context.Background(), 900*time.Millisecond)
 	defer cancel()

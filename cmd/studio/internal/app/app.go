@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,11 +16,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
@@ -40,8 +40,7 @@ type App struct {
 	primary *pgxpool.Pool
 	replica *pgxpool.Pool // nil without a read replica
 
-	q     *studiodb.Queries
-	limit *db.Queries
+	q *studiodb.Queries
 
 	signin    *signin.Limiter
 	uploads   *upload.Limiter
@@ -60,7 +59,6 @@ type App struct {
 
 	consoleRole bool          // the primary may SET ROLE studio_console (the fallback)
 	console     *pgxpool.Pool // connections whose session user is studio_console
-	background  []func(context.Context)
 	closers     []func()
 	handler     http.Handler
 	started     time.Time
@@ -78,7 +76,7 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, log: log, q: studiodb.New(), limit: db.New(), started: time.Now()}
+	a := &App{cfg: cfg, log: log, q: studiodb.New(), started: time.Now()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -102,7 +100,7 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 		a.closers = append(a.closers, a.replica.Close)
 	}
 
-	if err := schema.Migrate(ctx, a.primary); err != nil {
+	if err := pglimit.Migrate(ctx, a.primary); err != nil {
 		return nil, err
 	}
 	if err := schema.Apply(ctx, a.primary, studioschema.Migration()); err != nil {
@@ -123,39 +121,26 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.setupLimits(); err != nil {
 		return nil, err
 	}
+	// The registry, the node limiter and the read router start nothing
+	// here: Run runs them. The first heartbeat and the first share of each
+	// node's rate are written now, so that this replica counts at once.
 	a.registry, err = replica.New(a.primary, replica.Options{Name: cfg.ReplicaName, Interval: cfg.HeartbeatInterval, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	if err := a.registry.Start(ctx); err != nil {
+	if err := a.registry.Heartbeat(ctx); err != nil {
 		log.Warn("first heartbeat failed; retrying in the background", "err", err)
 	}
-	a.background = append(a.background, func(ctx context.Context) {
-		<-ctx.Done()
-		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := a.registry.Stop(stopCtx); err != nil {
-			log.Warn("replica registry stop", "err", err)
-		}
-	})
 	if err := a.setupNodes(); err != nil {
 		return nil, err
 	}
-	// The first share of each node's rate follows the registry at once.
 	if err := a.nodeLimit.Refresh(ctx); err != nil {
 		log.Warn("ready replicas not read yet", "err", err)
 	}
-	keeper, err := housekeeping.New(a.primary, housekeeping.Options{Interval: cfg.HousekeepingInterval, MeterProvider: a.meters, Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	a.background = append(a.background, func(ctx context.Context) { _ = keeper.Run(ctx) })
 	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	a.router.Start()
-	a.closers = append(a.closers, a.router.Close)
 	a.handler = a.routes()
 	ok = true
 	return a, nil
@@ -367,19 +352,39 @@ func (a *App) installationCap() int { return heavy.DefaultInstallationLimit(int3
 // Handler is the service's HTTP handler.
 func (a *App) Handler() http.Handler { return a.handler }
 
-// Run does the background work (registry heartbeat, housekeeping, read
-// replica checks, node rate refresh) until ctx ends.
-func (a *App) Run(ctx context.Context) {
-	done := make(chan struct{}, len(a.background))
-	for _, f := range a.background {
+// Run does the background work until ctx ends: the registry heartbeat and
+// housekeeping (pglimit.Run), the read replica's health checks and the
+// node rate's refresh. It returns nil then, after every part has ended
+// (the registry removes this replica's row last); a part that fails early
+// ends the others and its error is returned.
+func (a *App) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	parts := []func(context.Context) error{
+		func(ctx context.Context) error {
+			return pglimit.Run(ctx, a.primary, pglimit.RunOptions{Registry: a.registry,
+				Housekeeping: a.cfg.HousekeepingInterval, Logger: a.log, MeterProvider: a.meters})
+		},
+		a.router.Run,
+		a.nodeLimit.Run,
+	}
+	errc := make(chan error, len(parts))
+	for _, part := range parts {
 		go func() {
-			f(ctx)
-			done <- struct{}{}
+			err := part(ctx)
+			if err != nil {
+				cancel()
+			}
+			errc <- err
 		}()
 	}
-	for range a.background {
-		<-done
+	var errs []error
+	for range parts {
+		if err := <-errc; err != nil {
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // Drain marks this replica not ready in the registry while it finishes the

@@ -18,7 +18,7 @@ func (a *App) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	checks := map[string]string{}
 	ready := true
-	if err := a.limit.SessionPing(ctx, a.primary); err != nil {
+	if err := a.primary.Ping(ctx); err != nil {
 		checks["database"] = "unreachable"
 		ready = false
 	} else {

@@ -25,7 +25,6 @@ func (a *App) setupNodes() error {
 	if err != nil {
 		return err
 	}
-	a.closers = append(a.closers, a.nodeLimit.Close)
 	a.nodes = map[string]*jolokia.Client{}
 	for name, url := range a.cfg.Nodes {
 		gate, err := a.nodeLimit.Node(name)
