@@ -21,10 +21,10 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/fakenode"
+	"github.com/pglimit/pglimit/internal/jolokia"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/nodelimit"
-	"github.com/pglimit/pglimit/nodelimit/fakenode"
-	"github.com/pglimit/pglimit/nodelimit/jolokia"
 	"github.com/pglimit/pglimit/replica"
 )
 

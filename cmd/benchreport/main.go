@@ -57,7 +57,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/bench"
+	"github.com/pglimit/pglimit/internal/bench"
 	"github.com/pglimit/pglimit/internal/embedpg"
 	"github.com/pglimit/pglimit/sql/schema"
 )

@@ -10,7 +10,7 @@
 // throwaway PostgreSQL (internal/embedpg); builds cmd/studio and starts
 // -replicas of it as child processes on free loopback ports
 // (internal/replicaset) with -demo and the limits below; serves a fake
-// broker node in-process (nodelimit/fakenode); waits until every replica
+// broker node in-process (internal/fakenode); waits until every replica
 // has taken its share of the node rate; then for -duration runs, at once:
 //
 //   - SQL console load: for each of alice, bob and carol, -workers-per-token

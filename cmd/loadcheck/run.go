@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/embedpg"
+	"github.com/pglimit/pglimit/internal/fakenode"
 	"github.com/pglimit/pglimit/internal/replicaset"
-	"github.com/pglimit/pglimit/nodelimit/fakenode"
 )
 
 // Config is one load check: the limits the replicas are started with (and

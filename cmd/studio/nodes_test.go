@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/nodelimit/fakenode"
+	"github.com/pglimit/pglimit/internal/fakenode"
 )
 
 // TestNodeQueuesAndSharedRate reads a fake broker node's 450 queues

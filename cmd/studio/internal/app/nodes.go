@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/pglimit/pglimit/internal/jolokia"
 	"github.com/pglimit/pglimit/nodelimit"
-	"github.com/pglimit/pglimit/nodelimit/jolokia"
 	"github.com/pglimit/pglimit/problem"
 )
 

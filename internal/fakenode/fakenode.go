@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pglimit/pglimit/nodelimit/jolokia"
+	"github.com/pglimit/pglimit/internal/jolokia"
 )
 
 // Options configure a Node.

@@ -16,9 +16,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/time/rate"
 
+	"github.com/pglimit/pglimit/internal/fakenode"
+	"github.com/pglimit/pglimit/internal/jolokia"
 	"github.com/pglimit/pglimit/nodelimit"
-	"github.com/pglimit/pglimit/nodelimit/fakenode"
-	"github.com/pglimit/pglimit/nodelimit/jolokia"
 )
 
 // unlimited is a gate that lets every call through and counts them by
