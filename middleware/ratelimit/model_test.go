@@ -61,12 +61,15 @@ type verdict struct {
 	worst     float64 // highest admitted units / bound over all intervals
 	badRetry  int     // refusals whose RetryAfter differs from the model's
 	badOrder  int     // decisions whose time is outside [sent, received]
-	examples  []string
+	// runBound is, per policy, burst + rate × the run (first decision to
+	// last): what the limiter could admit at most over the whole run.
+	runBound []string
+	examples []string
 }
 
 func (v verdict) String() string {
-	return fmt.Sprintf("admitted %d units in %d requests, %d refusals, %d avoidable, worst interval at %.3f of its bound, %d wrong Retry-After, %d times out of order",
-		v.admitted, v.requests, v.refusals, v.avoidable, v.worst, v.badRetry, v.badOrder)
+	return fmt.Sprintf("admitted %d units in %d requests (bound over the run: %s), %d refusals, %d avoidable, worst interval at %.3f of its bound, %d wrong Retry-After, %d times out of order",
+		v.admitted, v.requests, strings.Join(v.runBound, ", "), v.refusals, v.avoidable, v.worst, v.badRetry, v.badOrder)
 }
 
 func (v *verdict) example(format string, args ...any) {
@@ -129,6 +132,12 @@ func judge(policies []ratelimit.Policy, recs []record) verdict {
 		if retry != r.retry || !slices.Equal(violated, r.violated) {
 			v.badRetry++
 			v.example("refusal at %d: RetryAfter %dµs violated %v, model %dµs %v", r.at, r.retry, r.violated, retry, violated)
+		}
+	}
+	if len(recs) > 0 {
+		span := recs[len(recs)-1].at - recs[0].at
+		for _, p := range ps {
+			v.runBound = append(v.runBound, fmt.Sprintf("%s %.1f", p.name, float64(p.burst)+float64(span)/float64(p.t)))
 		}
 	}
 	// The bound, over every interval between two admissions.
