@@ -8,8 +8,8 @@ import (
 )
 
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
-// *heavy.LimitError, *inflight.LimitError, *upload.LimitError and
-// *signin.LimitError. Use errors.As with the package's LimitError for its
+// *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
+// *signin.LimitError and *ratelimit.LimitError. Use errors.As with the package's LimitError for its
 // fields (the limit, the scope, when to retry).
 var ErrLimited = errors.New("pglimit: limit reached")
 

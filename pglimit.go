@@ -7,7 +7,8 @@
 // *LimitError matching ErrLimited, a replaceable OnError):
 // middleware/heavy (expensive endpoints), middleware/inflight (requests in
 // flight per token), middleware/upload (uploads per rolling window),
-// middleware/signin (failed sign-ins). middleware/readroute sends history
+// middleware/signin (failed sign-ins), middleware/ratelimit (request rate
+// per key, GCRA). middleware/readroute sends history
 // reads to a read replica, cursor pages deep history by key, nodelimit
 // shares an outbound call rate between replicas, and permit is the leased
 // slot under heavy, inflight and upload, usable on its own.
