@@ -40,6 +40,14 @@ type PglimitLoginAttempt struct {
 	ExpiresAt time.Time
 }
 
+type PglimitRefusalMinute struct {
+	Name      string
+	Minute    time.Time
+	DryRun    bool
+	Refusals  int64
+	ExpiresAt time.Time
+}
+
 type PglimitReplica struct {
 	Name        string
 	StartedAt   time.Time

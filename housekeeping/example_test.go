@@ -64,4 +64,5 @@ func Example() {
 	// login_attempt 1
 	// replica 0
 	// api_request_window 0
+	// refusal_minute 0
 }

@@ -1,7 +1,8 @@
 // Package housekeeping deletes the lapsed rows of pglimit's limit tables
 // (ADR-0196 decision 5; ADR-0134): permits, in-flight slots, upload slots,
-// sign-in throttles and request-rate windows that nobody came back to, and
-// replicas that stopped heartbeating. A lapsed row already counts for
+// sign-in throttles and request-rate windows that nobody came back to,
+// replicas that stopped heartbeating, and refusals per minute older than
+// an hour. A lapsed row already counts for
 // nothing — every claim and read ignores it — so housekeeping only keeps
 // the tables and their indexes small.
 //
@@ -56,7 +57,7 @@ const MetricDeleted = "pglimit.housekeeping.deleted"
 
 // Tables are the limit tables swept, in the order they are swept (the
 // slot tables first, in one statement).
-var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window"}
+var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute"}
 
 // Options configure a Housekeeper. The zero value is ready to use.
 type Options struct {
@@ -193,6 +194,10 @@ var sweepers = []sweeper{
 	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
 		n, err := q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
 		return map[string]int64{"api_request_window": n}, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+		n, err := q.RefusalMinuteDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"refusal_minute": n}, err
 	},
 }
 

@@ -72,6 +72,12 @@ func fill(t testing.TB, pool *pgxpool.Pool, lapsed, live int) {
 			FROM generate_series(1, $1) AS g`, kind, exp, exp), n); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO pglimit.refusal_minute (name, minute, dry_run, refusals, expires_at)
+			SELECT '%s-' || g, date_trunc('minute', now()) - interval '2 hours', false, 1, %s
+			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -80,7 +86,7 @@ func keys(t testing.TB, pool *pgxpool.Pool) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for table, col := range map[string]string{"heavy_permit": "scope", "request_in_flight": "scope", "upload_window": "scope",
-		"login_attempt": "key", "replica": "name", "api_request_window": "key"} {
+		"login_attempt": "key", "replica": "name", "api_request_window": "key", "refusal_minute": "name"} {
 		rows, err := pool.Query(context.Background(), fmt.Sprintf(`SELECT %s FROM pglimit.%s`, col, table))
 		if err != nil {
 			t.Fatal(err)
@@ -215,7 +221,7 @@ func (tr *deleteTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 }
 
 // TestBatchesAreBounded: with a batch of 10 and 35 lapsed rows in every
-// table, login_attempt, replica and api_request_window are swept by
+// table, login_attempt, replica, api_request_window and refusal_minute are swept by
 // statements deleting 10, 10, 10 and 5 rows, and the three slot tables
 // (105 rows, one statement on their parent) by 11 statements.
 func TestBatchesAreBounded(t *testing.T) {
@@ -241,7 +247,7 @@ func TestBatchesAreBounded(t *testing.T) {
 		t.Fatalf("result (-want +got):\n%s", diff)
 	}
 	want := map[string][]int64{}
-	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed"} {
+	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed", "RefusalMinuteDeleteLapsed"} {
 		want[name] = []int64{10, 10, 10, 5}
 	}
 	slots := tr.deletes["SlotDeleteLapsed"]

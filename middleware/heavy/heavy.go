@@ -53,9 +53,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -125,9 +127,23 @@ type Options struct {
 	// a failure that is not a refusal before it calls OnError. Default:
 	// WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
-	// Logger receives failed claims and releases. Default slog.Default(),
-	// taken when New runs.
+	// Logger receives failed claims and releases, and in dry run the
+	// requests it would have refused. Default slog.Default(), taken when
+	// New runs.
 	Logger *slog.Logger
+	// MeterProvider gives the meter of the metrics pglimit.decisions
+	// (attributes limit = Name, outcome, scope user or installation) and
+	// pglimit.decision.duration (op claim, release). Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// DryRun decides as usual but refuses nobody: a request that would
+	// have been refused runs without a permit (the scope is full: there is
+	// none to take), with the RateLimit-Policy and RateLimit headers its
+	// refusal would have had, is counted with outcome dry-run-refused and
+	// logged (at most a line a second). Granted requests take and release
+	// their permits as usual, so what is held, and so every later
+	// decision, is what it would be with the limit on. Default false.
+	DryRun bool
 }
 
 // Limiter is one heavy endpoint: it claims its permits. It is safe for
@@ -143,6 +159,7 @@ type Limiter struct {
 	key     func(*http.Request) (string, bool)
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
+	obs     *observe.Limit
 }
 
 // New returns the Limiter of one heavy endpoint, keeping its permits in
@@ -193,8 +210,14 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{string(ScopeUser), string(ScopeInstallation)},
+		DryRun: opts.DryRun, MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("heavy: %s: %w", opts.Name, err)
+	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, time: opts.Time, rows: opts.Rows,
-		instCap: opts.InstallationLimit, timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger}, nil
+		instCap: opts.InstallationLimit, timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger,
+		obs: obs}, nil
 }
 
 // DefaultInstallationLimit is max(1, maxConns / 4).
@@ -237,10 +260,16 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is a granted heavy request.
 type Permit struct {
-	lease   *permit.Lease
+	lease   *permit.Lease // nil for a dry-run refusal
 	bounds  Bounds
 	timeout time.Duration
+	obs     *observe.Limit
+	refusal *LimitError
 }
+
+// Refusal is, in dry run, the refusal this request would have had: it
+// holds no permit. Nil when the request fits.
+func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Bounds returns the bounds the permit was granted under. Bound the work
 // with them: NewContext(ctx, p.Bounds()).
@@ -262,19 +291,23 @@ const handlerReleaseWait = time.Second
 // release is Release waiting at most wait (and Options.Timeout) for the
 // database's answer; the release itself goes on (permit.Lease.Release).
 func (p *Permit) release(ctx context.Context, wait time.Duration) error {
-	if p == nil {
+	if p == nil || p.lease == nil {
 		return nil
 	}
 	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
 	defer cancel()
-	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
+	start := time.Now()
+	err := p.lease.Release(ctx)
+	p.obs.Took(ctx, observe.Release, start)
+	return dberr.OwnTimeout(ctx, err)
 }
 
 // Acquire claims a permit of the endpoint for key, for callers that are not
 // HTTP handlers (a job runner, a CLI). It returns a *LimitError
-// (errors.Is pglimit.ErrLimited) when a cap is reached; any other error is
-// the database's (pglimit.Classify) or ctx's. Release the permit when the
-// work ends, and bound the work with the permit's Bounds.
+// (errors.Is pglimit.ErrLimited) when a cap is reached — in dry run a
+// Permit without a permit instead, whose Refusal says so; any other error
+// is the database's (pglimit.Classify) or ctx's. Release the permit when
+// the work ends, and bound the work with the permit's Bounds.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
 		return nil, errors.New("heavy: empty key")
@@ -283,20 +316,27 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 		{Key: KeyScope(l.name, key), Cap: l.limit},
 		{Key: InstallationScope, Cap: l.instCap},
 	}
+	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, permit.Claim{Scopes: scopes, Holder: key, Endpoint: l.name, Lease: l.time + Grace})
+	l.obs.Took(ctx, observe.Claim, start)
 	if err != nil {
 		var refused *permit.RefusedError
-		if errors.As(err, &refused) {
-			le := &LimitError{Endpoint: l.name, Limit: refused.Scope.Cap, Scope: ScopeUser,
-				RetryAfter: max(time.Second, refused.FirstLapse-Grace)}
-			if refused.Scope.Key == InstallationScope {
-				le.Scope = ScopeInstallation
-			}
+		if !errors.As(err, &refused) {
+			l.obs.Failed(ctx, string(ScopeUser), err)
+			return nil, err
+		}
+		le := &LimitError{Endpoint: l.name, Limit: refused.Scope.Cap, Scope: ScopeUser,
+			RetryAfter: max(time.Second, refused.FirstLapse-Grace)}
+		if refused.Scope.Key == InstallationScope {
+			le.Scope = ScopeInstallation
+		}
+		if !l.obs.Refused(ctx, string(le.Scope), key, "cap", le.Limit) {
 			return nil, le
 		}
-		return nil, err
+		return &Permit{bounds: l.bounds(), timeout: l.timeout, obs: l.obs, refusal: le}, nil
 	}
-	return &Permit{lease: lease, bounds: l.bounds(), timeout: l.timeout}, nil
+	l.obs.Granted(ctx, string(ScopeUser))
+	return &Permit{lease: lease, bounds: l.bounds(), timeout: l.timeout, obs: l.obs}, nil
 }
 
 func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time, Rows: l.rows} }
@@ -324,6 +364,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.onError(w, r, err)
 			return
 		}
+		if p.refusal != nil {
+			// Dry run: the headers the refusal would have had, no permit.
+			addRateLimitHeaders(w.Header(), p.refusal)
+		}
 		defer func() {
 			if err := p.release(r.Context(), handlerReleaseWait); err != nil {
 				l.log.WarnContext(r.Context(), "heavy: release not confirmed; it goes on in the background, and the permits lapse on their own if it fails",
@@ -340,14 +384,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // limit and scope, with Retry-After and the RateLimit-Policy / RateLimit
 // headers (quota unit concurrent-requests).
 func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
-	policy := e.Endpoint
-	if e.Scope == ScopeInstallation {
-		policy = "heavy-installation"
-	}
 	retry := problem.RetryAfterSeconds(e.RetryAfter)
 	h := http.Header{}
-	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;qu=\"concurrent-requests\"", policy, e.Limit))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=0;t=%d", policy, retry))
+	addRateLimitHeaders(h, e)
 	detail := fmt.Sprintf("You already run %d %s request(s) at once, your limit; retry when one ends.", e.Limit, e.Endpoint)
 	if e.Scope == ScopeInstallation {
 		detail = fmt.Sprintf("The installation already runs %d heavy request(s) at once, its limit; retry when one ends.", e.Limit)
@@ -362,6 +401,18 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 		Extensions: map[string]any{"endpoint": e.Endpoint, "limit": e.Limit, "scope": string(e.Scope)},
 		Header:     h,
 	})
+}
+
+// addRateLimitHeaders adds the RateLimit-Policy and RateLimit fields of
+// the refusal e to h (added: the fields are lists, and an outer limit's
+// items stay beside these).
+func addRateLimitHeaders(h http.Header, e *LimitError) {
+	policy := e.Endpoint
+	if e.Scope == ScopeInstallation {
+		policy = "heavy-installation"
+	}
+	h.Add("RateLimit-Policy", fmt.Sprintf("%q;q=%d;qu=\"concurrent-requests\"", policy, e.Limit))
+	h.Add("RateLimit", fmt.Sprintf("%q;r=0;t=%d", policy, problem.RetryAfterSeconds(e.RetryAfter)))
 }
 
 // Bounds are the bounds a heavy request runs under; handlers read them with

@@ -72,6 +72,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 )
 
 // Defaults of Options.
@@ -153,14 +154,13 @@ type Limiter struct {
 	policyFunc func(*http.Request, string) []Policy
 	cost       func(*http.Request) int
 	failOpen   bool
-	dryRun     bool
 	timeout    time.Duration
 	onError    func(http.ResponseWriter, *http.Request, error)
 	log        *slog.Logger
-	metrics    *metrics
+	obs        *observe.Limit
+	incidents  metric.Int64Counter
 	incident   incidents
-	dryLog     sampledLog
-	errLog     sampledLog
+	errLog     observe.Sampled
 	// generalOnly makes every decision use APIRequestWindowDecide (tests
 	// compare the two statements).
 	generalOnly bool
@@ -204,15 +204,20 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.MeterProvider == nil {
 		opts.MeterProvider = otel.GetMeterProvider()
 	}
-	m, err := newMetrics(opts.MeterProvider, opts.Name)
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeKey}, DryRun: opts.DryRun,
+		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
+	incidents, err := newIncidentCounter(opts.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
 	l := &Limiter{
 		pool: pool, q: db.New(), name: opts.Name, key: opts.Key,
 		policies: slices.Clone(opts.Policies), policyFunc: opts.PolicyFunc, cost: opts.Cost,
-		failOpen: opts.FailOpen, dryRun: opts.DryRun, timeout: opts.Timeout,
-		onError: opts.OnError, log: opts.Logger, metrics: m,
+		failOpen: opts.FailOpen, timeout: opts.Timeout,
+		onError: opts.OnError, log: opts.Logger, obs: obs, incidents: incidents,
 	}
 	l.incident.init(l)
 	return l, nil
@@ -295,19 +300,19 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	}
 	start := time.Now()
 	d, err := l.decide(ctx, storableKey(key), cost, policies)
-	l.metrics.duration(ctx, time.Since(start))
+	l.obs.Took(ctx, observe.Check, start)
 	if err != nil {
 		if !isCanceled(ctx, err) {
 			l.incident.failed(ctx, err)
 		}
-		l.metrics.decided(ctx, outcomeError)
+		l.obs.Failed(ctx, scopeKey, err)
 		return nil, err
 	}
 	l.incident.recovered(ctx)
 	if d.refusal != nil {
 		return l.refused(ctx, key, d.refusal)
 	}
-	l.metrics.decided(ctx, outcomeGranted)
+	l.obs.Granted(ctx, scopeKey)
 	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at}, nil
 }
 
@@ -317,13 +322,9 @@ var ErrInvalidCost = errors.New("ratelimit: negative cost")
 // refused counts and returns a refusal, or in dry run logs it and returns
 // a Permit that carries it.
 func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Permit, error) {
-	if !l.dryRun {
-		l.metrics.decided(ctx, outcomeRefused)
+	if !l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter) {
 		return nil, e
 	}
-	l.metrics.decided(ctx, outcomeDryRunRefused)
-	l.dryLog.log(ctx, l.log, slog.LevelInfo, "ratelimit: dry run: would refuse", "limit", l.name, "key", key,
-		"violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter)
 	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, Refusal: e}, nil
 }
 
@@ -512,7 +513,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			case errors.Is(err, ErrInvalidPolicy), errors.Is(err, ErrInvalidCost):
-				l.errLog.log(r.Context(), l.log, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
+				l.errLog.Log(r.Context(), l.log, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
 					"limit", l.name, "err", err)
 			}
 			l.onError(w, r, err)

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/problem"
@@ -420,6 +421,7 @@ func TestDryRun(t *testing.T) {
 	if logs.count("dry run: would refuse") != 1 || logs.count("id-of-t") != 1 {
 		t.Errorf("dry-run log (one line a second): %q", logs.String())
 	}
+	observetest.WaitRefusals(t, pool, map[string]int64{"api dry-run": 4})
 	// Nothing was spent by the would-be refusals: the same state refuses
 	// with the same limiter out of dry run, 1 h after the second request.
 	strict := newLimiter(t, pool, ratelimit.Options{Policies: policies})

@@ -61,6 +61,7 @@ func TestLimitTablesAreUnlogged(t *testing.T) {
 		{"api_request_window", "r", "u", "", false},
 		{"heavy_permit", "r", "u", "slot", true},
 		{"login_attempt", "r", "u", "", true},
+		{"refusal_minute", "r", "u", "", true},
 		{"replica", "r", "u", "", true},
 		{"request_in_flight", "r", "u", "slot", true},
 		{"slot", "p", "u", "", true},
