@@ -8,7 +8,7 @@ import (
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 // TestMigrate migrates an empty database into the schema pglimit, twice:
 // the second call finds it current and changes nothing.

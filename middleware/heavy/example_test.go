@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,11 +31,15 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// Your authentication's answer: who the request's token belongs to.
+	// Never a header the client sets: the key is whose cap is spent.
+	sessions := map[string]string{"alice-token": "alice"}
+	userOf := func(r *http.Request) (string, bool) {
+		user, ok := sessions[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+		return user, ok
+	}
 	console, err := heavy.New(pool, heavy.Options{
-		Name: "sql-console",
-		// Your user, after authentication.
-		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
-		Limit: 2, Time: 30 * time.Second, Rows: 1000,
+		Name: "sql-console", Key: userOf, Limit: 2, Time: 30 * time.Second, Rows: 1000,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -52,7 +57,7 @@ func Example() {
 	}))
 
 	req := httptest.NewRequest(http.MethodPost, "/api/sql", nil)
-	req.Header.Set("X-User", "alice")
+	req.Header.Set("Authorization", "Bearer alice-token")
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 	fmt.Print(rec.Code, " ", rec.Body.String())

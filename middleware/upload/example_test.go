@@ -29,9 +29,15 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// Your authentication's answer: who the request's token belongs to.
+	// Never a header the client sets: the key is whose uploads are counted.
+	sessions := map[string]string{"alice-token": "alice"}
+	userOf := func(r *http.Request) (string, bool) {
+		user, ok := sessions[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+		return user, ok
+	}
 	limiter, err := upload.New(pool, upload.Options{
-		// Your user, after authentication.
-		Key:   func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+		Key:   userOf,
 		Limit: 2, // per user in any hour (the default window)
 	})
 	if err != nil {
@@ -48,7 +54,7 @@ func Example() {
 
 	for _, file := range []string{"plugin-a", "not a plugin", "plugin-b", "plugin-c"} {
 		req := httptest.NewRequest(http.MethodPost, "/api/plugins", strings.NewReader(file))
-		req.Header.Set("X-User", "alice")
+		req.Header.Set("Authorization", "Bearer alice-token")
 		rec := httptest.NewRecorder()
 		handler.ServeHTTP(rec, req)
 		fmt.Println(file, rec.Code)
