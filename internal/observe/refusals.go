@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,7 +93,11 @@ func (c *minuteCounter) flush() {
 			c.pending += n
 			c.flushing = false
 			c.mu.Unlock()
-			c.errLog.Log(context.Background(), c.log, slog.LevelWarn,
+			level := slog.LevelWarn
+			if strings.Contains(err.Error(), "closed pool") {
+				level = slog.LevelDebug // the service is shutting down
+			}
+			c.errLog.Log(context.Background(), c.log, level,
 				"pglimit: refusals per minute not written; they are kept for the next write", "limit", c.name, "refusals", n, "err", err)
 			return
 		}

@@ -52,9 +52,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -103,10 +105,26 @@ type Options struct {
 	// (*LimitError) and a failed claim. The Handler has logged a failure
 	// that is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
-	// Logger receives failed claims and releases. Default slog.Default(),
-	// taken when New runs.
+	// Logger receives failed claims and releases, and in dry run the
+	// requests it would have refused. Default slog.Default(), taken when
+	// New runs.
 	Logger *slog.Logger
+	// MeterProvider gives the meter of the metrics pglimit.decisions
+	// (attributes limit = Name, outcome, scope token) and
+	// pglimit.decision.duration (op claim, release). Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// DryRun decides as usual but refuses nobody: a request that would
+	// have been refused runs without a slot (the token's are all taken),
+	// is counted with outcome dry-run-refused and logged (at most a line a
+	// second). Granted requests take and release their slots as usual, so
+	// what is held, and so every later decision, is what it would be with
+	// the limit on. Default false.
+	DryRun bool
 }
+
+// scopeToken is the kind of scope of every decision (attribute scope).
+const scopeToken = "token"
 
 // Limiter caps requests in flight per token. It is safe for concurrent use.
 type Limiter struct {
@@ -119,6 +137,7 @@ type Limiter struct {
 	key     func(*http.Request) (string, bool)
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
+	obs     *observe.Limit
 }
 
 // New returns a Limiter keeping its slots in pool's database. It checks
@@ -165,8 +184,13 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if err != nil {
 		return nil, err
 	}
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeToken}, DryRun: opts.DryRun,
+		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("inflight: %w", err)
+	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace,
-		timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger}, nil
+		timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
 }
 
 // Name is the limit's name.
@@ -211,9 +235,15 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is one request in flight.
 type Permit struct {
-	lease   *permit.Lease
+	lease   *permit.Lease // nil for a dry-run refusal
 	timeout time.Duration
+	obs     *observe.Limit
+	refusal *LimitError
 }
+
+// Refusal is, in dry run, the refusal this request would have had: it
+// holds no slot. Nil when the request fits.
+func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release frees the slot, in one statement. It is safe to call more than
 // once, and it outlives a canceled ctx, bounded by Options.Timeout.
@@ -230,17 +260,21 @@ const handlerReleaseWait = time.Second
 // release is Release waiting at most wait (and Options.Timeout) for the
 // database's answer; the release itself goes on (permit.Lease.Release).
 func (p *Permit) release(ctx context.Context, wait time.Duration) error {
-	if p == nil {
+	if p == nil || p.lease == nil {
 		return nil
 	}
 	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
 	defer cancel()
-	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
+	start := time.Now()
+	err := p.lease.Release(ctx)
+	p.obs.Took(ctx, observe.Release, start)
+	return dberr.OwnTimeout(ctx, err)
 }
 
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
 // returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
-// requests in flight; any other error is the database's
+// requests in flight — in dry run a Permit without a slot instead, whose
+// Refusal says so; any other error is the database's
 // (pglimit.Classify) or ctx's. Release the permit when the work ends, and
 // end the work within MaxDuration.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
@@ -251,18 +285,26 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, e
 	if key == "" {
 		return nil, errors.New("inflight: empty key")
 	}
+	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, permit.Claim{
 		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
 		Holder: key, Endpoint: storable(endpoint), Lease: l.maxDur + l.grace,
 	})
+	l.obs.Took(ctx, observe.Claim, start)
 	if err != nil {
 		var refused *permit.RefusedError
-		if errors.As(err, &refused) {
-			return nil, &LimitError{Name: l.name, Limit: l.limit, RetryAfter: max(time.Second, refused.FirstLapse-l.grace)}
+		if !errors.As(err, &refused) {
+			l.obs.Failed(ctx, scopeToken, err)
+			return nil, err
 		}
-		return nil, err
+		le := &LimitError{Name: l.name, Limit: l.limit, RetryAfter: max(time.Second, refused.FirstLapse-l.grace)}
+		if !l.obs.Refused(ctx, scopeToken, key, "cap", l.limit, "endpoint", endpoint) {
+			return nil, le
+		}
+		return &Permit{timeout: l.timeout, obs: l.obs, refusal: le}, nil
 	}
-	return &Permit{lease: lease, timeout: l.timeout}, nil
+	l.obs.Granted(ctx, scopeToken)
+	return &Permit{lease: lease, timeout: l.timeout, obs: l.obs}, nil
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot

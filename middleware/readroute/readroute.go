@@ -24,7 +24,9 @@
 //	})
 //
 // MayLag reports true when a Read on the replica succeeded, or when
-// FromContext handed the replica out, for this request.
+// FromContext handed the replica out, for this request. Every Read is
+// counted in the metric pglimit.readroute.reads by the pool that served
+// it (replica, primary, fallback).
 //
 // # Health
 //
@@ -59,6 +61,7 @@ package readroute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -66,6 +69,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
@@ -91,7 +97,24 @@ type Options struct {
 	Probe func(ctx context.Context, replica *pgxpool.Pool) error
 	// Logger receives the replica's health changes. Default slog.Default().
 	Logger *slog.Logger
+	// MeterProvider gives the meter of the counter pglimit.readroute.reads
+	// (attribute target: replica, primary, fallback). Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 }
+
+// MetricReads counts the reads run through Read, by the attribute target:
+// "replica" (the replica served it), "primary" (no replica, or it was not
+// healthy), "fallback" (it failed on the replica and ran again on the
+// primary).
+const MetricReads = "pglimit.readroute.reads"
+
+// Targets of MetricReads.
+const (
+	TargetReplica  = "replica"
+	TargetPrimary  = "primary"
+	TargetFallback = "fallback"
+)
 
 // Router chooses the pool each wrapped request reads with. It is safe for
 // concurrent use.
@@ -101,6 +124,8 @@ type Router struct {
 	timeout          time.Duration
 	probe            func(context.Context, *pgxpool.Pool) error
 	log              *slog.Logger
+	reads            metric.Int64Counter
+	targets          map[string]metric.AddOption
 
 	healthy atomic.Bool
 	ran     atomic.Bool // Run was called
@@ -130,8 +155,26 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = otel.GetMeterProvider()
+	}
+	reads, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/middleware/readroute").Int64Counter(MetricReads,
+		metric.WithDescription("History reads run through readroute.Read, by the pool that served them."),
+		metric.WithUnit("{read}"))
+	if err != nil {
+		return nil, fmt.Errorf("readroute: %s: %w", MetricReads, err)
+	}
+	targets := map[string]metric.AddOption{}
+	for _, t := range []string{TargetReplica, TargetPrimary, TargetFallback} {
+		targets[t] = metric.WithAttributeSet(attribute.NewSet(attribute.String("target", t)))
+	}
 	return &Router{primary: primary, replica: replica, interval: opts.Interval, timeout: opts.Timeout,
-		probe: opts.Probe, log: opts.Logger}, nil
+		probe: opts.Probe, log: opts.Logger, reads: reads, targets: targets}, nil
+}
+
+// counted counts one read served by target.
+func (r *Router) counted(ctx context.Context, target string) {
+	r.reads.Add(context.WithoutCancel(ctx), 1, r.targets[target])
 }
 
 var queries = db.New()
@@ -301,20 +344,24 @@ func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) e
 	rt.mu.Unlock()
 	err := fn(pool, replica)
 	if !replica {
+		rt.router.counted(ctx, TargetPrimary)
 		return err
 	}
 	if err == nil {
 		rt.mu.Lock()
 		rt.lagged = true
 		rt.mu.Unlock()
+		rt.router.counted(ctx, TargetReplica)
 		return nil
 	}
 	if !rt.router.shouldFallBack(ctx, err) {
+		rt.router.counted(ctx, TargetReplica)
 		return err
 	}
 	rt.mu.Lock()
 	rt.pool, rt.replica = rt.router.primary, false
 	rt.mu.Unlock()
+	rt.router.counted(ctx, TargetFallback)
 	return fn(rt.router.primary, false)
 }
 

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/embedpg"
+	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/readroute"
 )
@@ -262,7 +264,8 @@ func TestOnlyConnectionErrorsFallBack(t *testing.T) {
 	t.Parallel()
 	primary, _ := pgtest.NewDB(t, 2)
 	replica, _ := pgtest.NewDB(t, 2) // another database stands in for a replica
-	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour})
+	m := observetest.New()
+	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour, MeterProvider: m})
 	waitFor(t, "the replica stand-in is healthy", func() bool { return r.Check(context.Background()) })
 	calls := 0
 	mayLag, err := r.Read(context.Background(), func(pool *pgxpool.Pool, mayLag bool) error {
@@ -297,6 +300,15 @@ func TestOnlyConnectionErrorsFallBack(t *testing.T) {
 	})
 	if err != nil || mayLag || len(pools) != 2 || pools[0] != replica || pools[1] != primary || r.Healthy() {
 		t.Errorf("connection error: err %v, mayLag %v, %d calls, healthy %v", err, mayLag, len(pools), r.Healthy())
+	}
+	// The replica is down now: the next read is the primary's.
+	if _, err := r.Read(context.Background(), func(*pgxpool.Pool, bool) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// Every read counted once, by the pool that served it.
+	want := map[string]int64{readroute.TargetReplica: 2, readroute.TargetFallback: 1, readroute.TargetPrimary: 1}
+	if diff := cmp.Diff(want, m.Counts(t, readroute.MetricReads, "target")); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", readroute.MetricReads, diff)
 	}
 }
 

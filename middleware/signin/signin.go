@@ -25,6 +25,10 @@
 // success with none writes nothing. Every write runs on the pool, as a
 // statement of its own — its own transaction, never the request's — so a
 // failure is counted even when the handler's transaction rolls back.
+// A refused sign-in costs its read and nothing more on its way: refusals
+// are added to the installation's count per minute (pglimit.Refusals) in
+// the background, batched, about one statement a second per limiter and
+// replica while it refuses.
 //
 // # Normal and strict mode
 //
@@ -100,10 +104,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -172,9 +178,26 @@ type Options struct {
 	// is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
 	// Logger receives failed checks and writes that failed after the
-	// response was decided. Default slog.Default(), taken when New runs.
+	// response was decided, and in dry run the sign-ins it would have
+	// refused. Default slog.Default(), taken when New runs.
 	Logger *slog.Logger
+	// MeterProvider gives the meter of the metrics pglimit.decisions
+	// (attributes limit = Name, outcome, scope user) and
+	// pglimit.decision.duration (op check: the read or the reservation;
+	// op record: a failure's write, a clear, a given-back reservation).
+	// Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// DryRun decides as usual but refuses nobody: a throttled key's
+	// sign-in goes on (its password is checked), is counted with outcome
+	// dry-run-refused and logged (at most a line a second); its failure is
+	// recorded and its success clears the key's failures, as any other.
+	// Default false.
+	DryRun bool
 }
+
+// scopeUser is the kind of scope of every decision (attribute scope): the
+// key is a username, by default.
+const scopeUser = "user"
 
 // Limiter is the failed sign-in throttle. It is safe for concurrent use.
 type Limiter struct {
@@ -189,6 +212,7 @@ type Limiter struct {
 	timeout time.Duration
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
+	obs     *observe.Limit
 }
 
 // New returns a Limiter counting failures in pool's database. Every write
@@ -235,9 +259,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeUser}, DryRun: opts.DryRun,
+		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("signin: %w", err)
+	}
 	return &Limiter{
 		pool: pool, q: db.New(), name: opts.Name, max: opts.Limit, window: opts.Window, key: opts.Key,
 		maxBody: opts.MaxBodyBytes, strict: opts.Strict, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
+		obs: obs,
 	}, nil
 }
 
@@ -308,8 +338,9 @@ const (
 type Permit struct {
 	l        *Limiter
 	key      string
-	prior    int32 // live failures the read saw (normal mode)
-	reserved bool  // the attempt was reserved (strict mode)
+	prior    int32       // live failures the read saw (normal mode, and a dry-run refusal)
+	reserved bool        // the attempt was reserved (strict mode)
+	refusal  *LimitError // dry run: the refusal the attempt would have had
 
 	mu  sync.Mutex
 	out outcome
@@ -317,6 +348,10 @@ type Permit struct {
 
 // Key returns the attempt's key as stored in login_attempt.
 func (p *Permit) Key() string { return p.key }
+
+// Refusal is, in dry run, the refusal this sign-in would have had: the key
+// is throttled, and the attempt goes on unreserved. Nil when it fits.
+func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // StoredKey is the form of key kept in login_attempt: key itself when it is
 // valid UTF-8 without NUL and at most 200 bytes, otherwise "sha256:" and the
@@ -340,7 +375,8 @@ func containsNUL(s string) bool {
 
 // Acquire begins a sign-in attempt of key, for callers that are not HTTP
 // handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
-// the key is throttled; then the password must not be checked. Any other
+// the key is throttled; then the password must not be checked. (In dry run
+// it returns a Permit instead, whose Refusal says so: the attempt goes on.) Any other
 // error is the database's (pglimit.Classify tells a database that cannot
 // be reached) or ctx's, and the sign-in must fail (closed). In normal mode
 // Acquire is the one read of LoginAttemptGet; in strict mode it is the
@@ -352,8 +388,25 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	key = StoredKey(key)
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	start := time.Now()
 	p, err := l.acquire(ctx, key)
-	return p, dberr.OwnTimeout(ctx, err)
+	l.obs.Took(ctx, observe.Check, start)
+	err = dberr.OwnTimeout(ctx, err)
+	var le *LimitError
+	switch {
+	case errors.As(err, &le):
+		if !l.obs.Refused(ctx, scopeUser, key, "failures", le.Failures) {
+			return nil, err
+		}
+		// Dry run: the attempt goes on unreserved; a failure is recorded
+		// and a success clears the key, as for any other.
+		return &Permit{l: l, key: key, prior: int32(le.Failures), refusal: le}, nil
+	case err != nil:
+		l.obs.Failed(ctx, scopeUser, err)
+		return nil, err
+	}
+	l.obs.Granted(ctx, scopeUser)
+	return p, nil
 }
 
 func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
@@ -452,6 +505,7 @@ func (p *Permit) Fail(ctx context.Context) error {
 	}
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
+	defer p.l.obs.Took(ctx, observe.Record, time.Now())
 	if _, err := p.l.q.LoginAttemptRecordFailure(ctx, p.l.pool, &db.LoginAttemptRecordFailureParams{
 		Key: p.key, WindowMs: p.l.window.Milliseconds(),
 	}); err != nil {
@@ -474,6 +528,7 @@ func (p *Permit) Succeed(ctx context.Context) error {
 	}
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
+	defer p.l.obs.Took(ctx, observe.Record, time.Now())
 	if err := p.l.q.LoginAttemptClear(ctx, p.l.pool, p.key); err != nil {
 		return fmt.Errorf("signin: clear failures: %w", dberr.OwnTimeout(ctx, err))
 	}
@@ -495,6 +550,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
+	defer p.l.obs.Took(ctx, observe.Record, time.Now())
 	if err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key); err != nil {
 		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
 	}

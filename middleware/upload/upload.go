@@ -53,9 +53,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
@@ -100,10 +102,26 @@ type Options struct {
 	// (*LimitError) and a failed claim. The Handler has logged a failure
 	// that is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
-	// Logger receives failed claims and failures to give a slot back.
-	// Default slog.Default(), taken when New runs.
+	// Logger receives failed claims and failures to give a slot back, and
+	// in dry run the uploads it would have refused. Default slog.Default(),
+	// taken when New runs.
 	Logger *slog.Logger
+	// MeterProvider gives the meter of the metrics pglimit.decisions
+	// (attributes limit = Name, outcome, scope user) and
+	// pglimit.decision.duration (op claim, release). Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// DryRun decides as usual but refuses nobody: an upload that would
+	// have been refused goes on without a slot (the window is full: there
+	// is none to take), so it is not counted in the window, as it would
+	// not have been with the limit on; it is counted with outcome
+	// dry-run-refused and logged (at most a line a second). Uploads that
+	// fit take their slots as usual. Default false.
+	DryRun bool
 }
+
+// scopeUser is the kind of scope of every decision (attribute scope).
+const scopeUser = "user"
 
 // Limiter counts uploads. It is safe for concurrent use.
 type Limiter struct {
@@ -116,6 +134,7 @@ type Limiter struct {
 	counts  func(int) bool
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
+	obs     *observe.Limit
 }
 
 // New returns a Limiter keeping its slots in pool's database. It checks
@@ -161,8 +180,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeUser}, DryRun: opts.DryRun,
+		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("upload: %w", err)
+	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, window: opts.Window, timeout: opts.Timeout,
-		key: opts.Key, counts: opts.Counts, onError: opts.OnError, log: opts.Logger}, nil
+		key: opts.Key, counts: opts.Counts, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
 }
 
 // Name is the limit's name.
@@ -200,42 +224,60 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 // Permit is one upload counted in a key's window. Keeping it needs
 // nothing: it lapses on its own when it leaves the window.
 type Permit struct {
-	lease   *permit.Lease
+	lease   *permit.Lease // nil for a dry-run refusal
 	timeout time.Duration
+	obs     *observe.Limit
+	refusal *LimitError
 }
+
+// Refusal is, in dry run, the refusal this upload would have had: it
+// holds no slot. Nil when the upload fits.
+func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release gives the slot back: the upload failed and must not count. It
 // is safe to call more than once, and it outlives a canceled ctx, bounded
 // by Options.Timeout.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil {
+	if p == nil || p.lease == nil {
 		return nil
 	}
 	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
-	return dberr.OwnTimeout(ctx, p.lease.Release(ctx))
+	start := time.Now()
+	err := p.lease.Release(ctx)
+	p.obs.Took(ctx, observe.Release, start)
+	return dberr.OwnTimeout(ctx, err)
 }
 
 // Acquire counts an upload of key, for callers that are not HTTP handlers.
 // It returns a *LimitError (errors.Is pglimit.ErrLimited) when the key has
-// Limit uploads in the window already; any other error is the database's
+// Limit uploads in the window already — in dry run a Permit without a slot
+// instead, whose Refusal says so; any other error is the database's
 // (pglimit.Classify) or ctx's. Release the permit if the upload fails.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
 		return nil, errors.New("upload: empty key")
 	}
+	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, permit.Claim{
 		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
 		Holder: key, Endpoint: l.name, Lease: l.window,
 	})
+	l.obs.Took(ctx, observe.Claim, start)
 	if err != nil {
 		var refused *permit.RefusedError
-		if errors.As(err, &refused) {
-			return nil, &LimitError{Name: l.name, Limit: l.limit, Window: l.window, RetryAfter: max(time.Second, refused.FirstLapse)}
+		if !errors.As(err, &refused) {
+			l.obs.Failed(ctx, scopeUser, err)
+			return nil, err
 		}
-		return nil, err
+		le := &LimitError{Name: l.name, Limit: l.limit, Window: l.window, RetryAfter: max(time.Second, refused.FirstLapse)}
+		if !l.obs.Refused(ctx, scopeUser, key, "cap", l.limit) {
+			return nil, le
+		}
+		return &Permit{timeout: l.timeout, obs: l.obs, refusal: le}, nil
 	}
-	return &Permit{lease: lease, timeout: l.timeout}, nil
+	l.obs.Granted(ctx, scopeUser)
+	return &Permit{lease: lease, timeout: l.timeout, obs: l.obs}, nil
 }
 
 // Handler counts every request to next as an upload of its key: it claims

@@ -47,15 +47,22 @@ func (m *Meter) collect(t testing.TB) metricdata.ResourceMetrics {
 // (the scope left out where there is none).
 func (m *Meter) Decisions(t testing.TB) map[string]int64 {
 	t.Helper()
+	return m.Counts(t, observe.MetricDecisions, "limit", "outcome", "scope")
+}
+
+// Counts are the sums of the integer counter name by the values of the
+// attributes keys, joined by spaces.
+func (m *Meter) Counts(t testing.TB, name string, keys ...string) map[string]int64 {
+	t.Helper()
 	out := map[string]int64{}
 	for _, sm := range m.collect(t).ScopeMetrics {
 		for _, mt := range sm.Metrics {
 			sum, ok := mt.Data.(metricdata.Sum[int64])
-			if mt.Name != observe.MetricDecisions || !ok {
+			if mt.Name != name || !ok {
 				continue
 			}
 			for _, dp := range sum.DataPoints {
-				out[join(dp.Attributes, "limit", "outcome", "scope")] += dp.Value
+				out[join(dp.Attributes, keys...)] += dp.Value
 			}
 		}
 	}
