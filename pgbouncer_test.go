@@ -385,3 +385,51 @@ func TestPgBouncerLeavesNoSessionSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPgBouncerStreamStopsItsStatement shows that heavy.Stream stops a
+// statement at the row cap behind PgBouncer in transaction pooling mode: its
+// cancel request reaches PgBouncer, which passes it to the server connection
+// the client holds in its transaction. The statement would take over 15
+// minutes to end on its own and its time bound (the statement_timeout
+// heavy.Read sets) is 30 s: the read ends with the ROWS mark and more than
+// half of the bound left — without the cancel it ends at the bound, 30 s
+// later — and the pool serves the next statement.
+func TestPgBouncerStreamStopsItsStatement(t *testing.T) {
+	t.Parallel()
+	upstream := pgtest.URL(t)
+	b := pgbouncer.ForTest(t, upstream, pgbouncer.Options{PoolSize: 2})
+	pool := bouncerPool(t, b, upstream, "exec", 2)
+	ctx := t.Context()
+	export, err := heavy.New(pool, heavy.Options{Name: "export", Key: noKey, Time: 30 * time.Second, Rows: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := export.Acquire(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(ctx)
+	work, done := heavy.NewContext(ctx, p.Bounds())
+	defer done()
+	var mark heavy.Mark
+	err = heavy.Read(work, pool, func(tx pgx.Tx) error {
+		// 100,000 rows of 10 ms each.
+		rows, err := tx.Query(work, `SELECT g, pg_sleep(0.01) FROM generate_series(1, 100000) AS g`)
+		if err != nil {
+			return err
+		}
+		mark, err = heavy.Stream(work, rows, func(pgx.Rows) error { return nil })
+		return err
+	})
+	if err != nil || mark.Bound != heavy.BoundRows || mark.Rows != 10 {
+		t.Fatalf("Stream through PgBouncer: %v, %v; want 10 rows and the ROWS mark", mark, err)
+	}
+	if deadline, _ := work.Deadline(); time.Until(deadline) < p.Bounds().Time/2 {
+		t.Fatalf("the read ended %v before its time bound of %v: the cancel request did not stop the statement at the row cap",
+			time.Until(deadline).Round(time.Second), p.Bounds().Time)
+	}
+	var one int
+	if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil || one != 1 {
+		t.Fatalf("the next statement on the pool: %d, %v", one, err)
+	}
+}

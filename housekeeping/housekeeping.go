@@ -46,9 +46,9 @@ const (
 	DefaultBatch    = 1000
 )
 
-// LockKey is the second key of the session advisory lock
-// pg_try_advisory_lock(1199, LockKey) that makes one replica sweep at a
-// time (see sql/queries/housekeeping.sql).
+// LockKey is the second key of the transaction-scoped advisory lock
+// pg_try_advisory_xact_lock(1199, LockKey) each batch of a sweep takes, so
+// that one replica sweeps at a time (see sql/queries/housekeeping.sql).
 const LockKey = 1
 
 // MetricDeleted is the name of the counter of deleted rows, tagged with the
