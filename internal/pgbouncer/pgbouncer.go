@@ -126,8 +126,13 @@ func Start(ctx context.Context, upstream string, opts Options) (*Bouncer, error)
 		gid, _ := strconv.Atoi(u.Gid)
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	dir, err := os.MkdirTemp("", "pglimit-pgbouncer-")
+	sweep()
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	b := &Bouncer{PoolMode: opts.PoolMode, PoolSize: opts.PoolSize, upstream: up, dir: dir}
@@ -286,6 +291,32 @@ func WithParam(u, name, value string) string {
 	q.Set(name, value)
 	parsed.RawQuery = q.Encode()
 	return parsed.String()
+}
+
+const (
+	dirPrefix = "pglimit-pgbouncer-"
+	ownerFile = "owner.pid"
+)
+
+// sweep removes the directories of PgBouncers whose owning process is gone
+// (a test binary killed before its cleanup ran): the pooler died with its
+// owner (Pdeathsig), its files were left.
+func sweep() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue // being created, or not ours
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // owner alive
+		}
+		_ = os.RemoveAll(d)
+	}
 }
 
 // quote writes s as the auth file wants it: in double quotes, a double
