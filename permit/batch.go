@@ -11,7 +11,7 @@ import (
 // a statement and answers at once; the following Query queues its own,
 // sends them all as one pgx Batch (one round trip, one implicit
 // transaction) and returns the last statement's rows. It lets the generated
-// HeavyPermitLockScopes and HeavyPermitClaim run together without copying
+// SlotLockScopes and SlotClaim run together without copying
 // their SQL into Go. Use a batch for one Exec...Exec, Query sequence, then
 // check closeErr: the error, if any, of the batch's end (its commit).
 type batch struct {

@@ -36,7 +36,7 @@
 // ping fails, and after Run has returned, reads go to the primary (mayLag
 // false) until a ping answers again. Nothing on the request path touches the database: the health is
 // read from memory. A replica that goes down between two pings is caught
-// by Read: a connection-class error (dberr.IsUnavailable) from the replica
+// by Read: a connection-class error (pglimit.ClassUnavailable) from the replica
 // marks it down at once and the read is retried, once, on the primary, so
 // the request still succeeds. A replica that was promoted (no longer in
 // recovery) is still read: the check only requires that it answers.
@@ -329,7 +329,7 @@ func MayLag(ctx context.Context) bool {
 var ErrNoRoute = errors.New("readroute: no read route in the context")
 
 // Read runs fn with the pool the request of ctx reads with. When fn fails
-// on the replica with a connection-class error (dberr.IsUnavailable), the
+// on the replica with a connection-class error (pglimit.ClassUnavailable), the
 // replica is marked down, the request moves to the primary for good, and
 // fn runs once more there with mayLag false: a read that races the health
 // check still succeeds. fn may therefore run twice; it must not have
