@@ -16,7 +16,7 @@ import (
 	"github.com/pglimit/pglimit/permit"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 // replicas opens n pools of size conns on one fresh database: stand-ins for
 // n replicas of a service.
