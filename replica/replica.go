@@ -51,8 +51,8 @@ type Options struct {
 	// Interval is the time between heartbeats. A row lapses Lapse (3)
 	// intervals after its last heartbeat. Default 5s; at least 10ms.
 	Interval time.Duration
-	// Timeout bounds one heartbeat (and the statements of Stop). Default:
-	// the interval, at most 5s.
+	// Timeout bounds one heartbeat, and each statement of Run's clean-up
+	// when its context ends. Default: the interval, at most 5s.
 	Timeout time.Duration
 	// Logger receives heartbeat failures and recoveries. Default
 	// slog.Default().
