@@ -30,7 +30,7 @@
 // A request whose key Options.Key cannot read (ok false, or an empty key)
 // passes to next uncounted: it claims no permit, and runs under the time
 // bound and the row cap all the same. A limiter is not an authenticator:
-// put the authentication in front of it, or let it refuse on its own.
+// put the authentication in front of it, or let next refuse the request.
 //
 // # Responses
 //
