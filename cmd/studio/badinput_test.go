@@ -366,7 +366,7 @@ func TestConsoleAbuse(t *testing.T) {
 			body                            any
 			status                          int
 		}{
-			{"token lookup and limits", http.MethodGet, abused, "/api/limits", "bob-token", nil, 200},
+			{"token lookup and limits", http.MethodGet, abused, "/api/limits", "alice-token", nil, 200},
 			{"history", http.MethodGet, abused, "/api/events?size=1", "bob-token", nil, 200},
 			{"permit claim", http.MethodPost, abused, "/api/sql", "bob-token", console("SELECT 1"), 200},
 			{"failed sign-in counted", http.MethodPost, abused, "/api/session", "", map[string]string{"username": "mallory", "password": "x"}, 401},

@@ -125,7 +125,7 @@ func TestFaultReplicaKilledHoldingPermits(t *testing.T) {
 	}
 	// The registry stops counting the dead replica within its lapse.
 	waitFor(t, 10*time.Second, "the dead replica dropped from the ready count", func() bool {
-		r, err := sendWithin(5*time.Second, http.MethodGet, others[0].URL+"/api/limits", "bob-token", nil)
+		r, err := sendWithin(5*time.Second, http.MethodGet, others[0].URL+"/api/limits", "alice-token", nil)
 		return err == nil && r.Status == http.StatusOK && r.json(t)["readyReplicas"] == float64(2)
 	})
 
@@ -366,13 +366,13 @@ func TestFaultDatabaseCrash(t *testing.T) {
 
 	// alice's throttle went with the crash (the reprieve the ADR accepts);
 	// the operator view shows empty throttles and windows and both replicas.
-	r := call(t, http.MethodGet, base(0)+"/api/limits", "bob-token", nil)
+	r := call(t, http.MethodGet, base(0)+"/api/limits", "alice-token", nil)
 	m := r.json(t)
 	if len(as[[]any](t, m["throttles"], "throttles")) != 0 || len(as[[]any](t, m["uploadWindows"], "uploadWindows")) != 0 {
 		t.Errorf("operator view after the crash: %s", r.Body)
 	}
 	waitFor(t, 5*time.Second, "both replicas registered again", func() bool {
-		r := call(t, http.MethodGet, base(1)+"/api/limits", "bob-token", nil)
+		r := call(t, http.MethodGet, base(1)+"/api/limits", "alice-token", nil)
 		return r.Status == http.StatusOK && r.json(t)["readyReplicas"] == float64(2)
 	})
 	if r := call(t, http.MethodPost, base(1)+"/api/session", "", map[string]string{"username": "alice", "password": "studio"}); r.Status != http.StatusOK {
@@ -625,7 +625,7 @@ func TestFaultPoolPressure(t *testing.T) {
 		p := procs[i%2]
 		switch i % 4 {
 		case 0:
-			fire("ordinary /api/limits", http.MethodGet, p.URL+"/api/limits", "carol-token", nil)
+			fire("ordinary /api/limits", http.MethodGet, p.URL+"/api/limits", "alice-token", nil)
 		case 1:
 			fire("ordinary /readyz", http.MethodGet, p.URL+"/readyz", "", nil)
 		case 2:

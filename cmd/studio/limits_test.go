@@ -47,11 +47,13 @@ func TestSignInThrottleAcrossReplicas(t *testing.T) {
 	if token == "" {
 		t.Fatal("no token")
 	}
-	if r := call(t, http.MethodGet, procs[1].URL+"/api/limits", token, nil); r.Status != http.StatusOK {
+	if r := call(t, http.MethodGet, procs[1].URL+"/api/events?size=1", token, nil); r.Status != http.StatusOK {
 		t.Fatalf("the issued token on another replica: %d", r.Status)
 	}
-	// The operator view lists alice's throttle.
-	r = call(t, http.MethodGet, procs[2].URL+"/api/limits", "bob-token", nil)
+	// bob is no operator: the operator view is not his.
+	call(t, http.MethodGet, procs[1].URL+"/api/limits", token, nil).problemOf(t, http.StatusForbidden, "forbidden")
+	// The operator view lists alice's throttle (alice is an operator).
+	r = call(t, http.MethodGet, procs[2].URL+"/api/limits", "alice-token", nil)
 	if !bytes.Contains(r.Body, []byte(`"key":"username:alice"`)) {
 		t.Fatalf("operator view without alice's throttle: %s", r.Body)
 	}

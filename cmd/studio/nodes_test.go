@@ -78,7 +78,7 @@ func TestNodeQueuesAndSharedRate(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				lim := call(t, http.MethodGet, p.URL+"/api/limits", "bob-token", nil)
+				lim := call(t, http.MethodGet, p.URL+"/api/limits", "alice-token", nil)
 				t.Fatalf("%s never took its share of 2 per second: %s\n%s", p.Name, r.Body, lim.Body)
 			}
 			time.Sleep(500 * time.Millisecond)

@@ -137,7 +137,8 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.nodeLimit.Refresh(ctx); err != nil {
 		log.Warn("ready replicas not read yet", "err", err)
 	}
-	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log})
+	a.router, err = readroute.New(a.primary, a.replica, readroute.Options{Interval: cfg.ReplicaCheckInterval, Logger: log,
+		MeterProvider: a.meters})
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +255,8 @@ func (a *App) setupLimits() error {
 			InstallationLimit: a.installationCap(),
 			Replica:           cfg.ReplicaName,
 			Logger:            a.log,
+			MeterProvider:     a.meters,
+			DryRun:            cfg.DryRun[name],
 		})
 	}
 	for _, ep := range []struct {
@@ -296,31 +299,37 @@ func (a *App) setupLimits() error {
 		return err
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{
-		Key:    signInKey,
-		Limit:  cfg.SignInFailures,
-		Window: cfg.SignInWindow,
-		Strict: cfg.SignInStrict,
-		Logger: a.log,
+		Key:           signInKey,
+		Limit:         cfg.SignInFailures,
+		Window:        cfg.SignInWindow,
+		Strict:        cfg.SignInStrict,
+		Logger:        a.log,
+		MeterProvider: a.meters,
+		DryRun:        cfg.DryRun[signin.DefaultName],
 	})
 	if err != nil {
 		return err
 	}
 	a.uploads, err = upload.New(a.primary, upload.Options{
-		Key:     userOf,
-		Limit:   cfg.UploadsPerHour,
-		Window:  cfg.UploadWindow,
-		Replica: cfg.ReplicaName,
-		Logger:  a.log,
+		Key:           userOf,
+		Limit:         cfg.UploadsPerHour,
+		Window:        cfg.UploadWindow,
+		Replica:       cfg.ReplicaName,
+		Logger:        a.log,
+		MeterProvider: a.meters,
+		DryRun:        cfg.DryRun[upload.DefaultName],
 	})
 	if err != nil {
 		return err
 	}
 	a.inflight, err = inflight.New(a.primary, inflight.Options{
-		Key:         tokenOf,
-		Limit:       cfg.TokenInFlight,
-		MaxDuration: cfg.MaxRequestTime,
-		Replica:     cfg.ReplicaName,
-		Logger:      a.log,
+		Key:           tokenOf,
+		Limit:         cfg.TokenInFlight,
+		MaxDuration:   cfg.MaxRequestTime,
+		Replica:       cfg.ReplicaName,
+		Logger:        a.log,
+		MeterProvider: a.meters,
+		DryRun:        cfg.DryRun[inflight.DefaultName],
 	})
 	if err != nil || cfg.APIRate.Limit == 0 {
 		return err
@@ -332,6 +341,7 @@ func (a *App) setupLimits() error {
 			Burst: cfg.APIBurst}},
 		Logger:        a.log,
 		MeterProvider: a.meters,
+		DryRun:        cfg.DryRun["api"],
 	})
 	return err
 }

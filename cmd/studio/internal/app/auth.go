@@ -19,6 +19,7 @@ type Identity struct {
 	Username  string
 	TokenID   int64
 	TokenName string
+	Operator  bool // may see the limits (GET /limits, GET /api/limits)
 }
 
 type identityKey struct{}
@@ -81,7 +82,24 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 			a.dbError(w, r, err)
 			return
 		}
-		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName}
+		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName, Operator: row.Operator}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
 	})
+}
+
+// requireOperator lets operators through to next and answers anyone else
+// 403 forbidden. It runs after requireToken.
+func requireOperator(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := IdentityFrom(r.Context()); !ok || !id.Operator {
+			forbidden(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func forbidden(w http.ResponseWriter) {
+	problem.Write(w, &problem.Details{Slug: "forbidden", Title: "Forbidden", Status: http.StatusForbidden,
+		Detail: "This view is for operators only."})
 }

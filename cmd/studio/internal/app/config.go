@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -55,6 +56,7 @@ type Config struct {
 	MaxRequestTime time.Duration
 	APIRate        Rate // requests per token over /api/ but POST /api/session; Limit 0: off
 	APIBurst       int
+	DryRun         DryRun // limits that decide, count and log but refuse nobody
 
 	Nodes    Nodes
 	NodeRate int
@@ -96,6 +98,44 @@ func (r *Rate) Set(v string) error {
 	return nil
 }
 
+// LimitNames are the names of the service's limits, as -dry-run, the
+// metric attribute limit and the operator page name them.
+var LimitNames = []string{"sql-console", "audit-export", "audit-history", "event-history", "alert-history", "flow-graph",
+	"sign-in", "uploads", "in-flight", "api"}
+
+// DryRun is -dry-run: a comma-separated list of LimitNames, or "all"; the
+// flag may be given more than once.
+type DryRun map[string]bool
+
+func (d DryRun) String() string {
+	var names []string
+	for _, n := range LimitNames {
+		if d[n] {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// Set adds the limits of a comma-separated list; an unknown name is an
+// error that lists the known ones.
+func (d DryRun) Set(v string) error {
+	for _, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		switch {
+		case name == "all":
+			for _, n := range LimitNames {
+				d[n] = true
+			}
+		case slices.Contains(LimitNames, name):
+			d[name] = true
+		default:
+			return fmt.Errorf("unknown limit %q: want a comma-separated list of %s, or all", name, strings.Join(LimitNames, ", "))
+		}
+	}
+	return nil
+}
+
 // Nodes are the broker nodes, -node NAME=URL, repeatable.
 type Nodes map[string]string
 
@@ -132,7 +172,7 @@ func (n Nodes) Set(v string) error {
 // ParseFlags reads the command line (and DATABASE_URL, READ_REPLICA_URL,
 // CURSOR_KEY from the environment) into a Config.
 func ParseFlags(args []string) (*Config, error) {
-	c := &Config{Nodes: Nodes{}, APIRate: Rate{Limit: 100, Window: time.Second}}
+	c := &Config{Nodes: Nodes{}, APIRate: Rate{Limit: 100, Window: time.Second}, DryRun: DryRun{}}
 	fs := flag.NewFlagSet("studio", flag.ContinueOnError)
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
@@ -165,6 +205,8 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
 	fs.Var(&c.APIRate, "api-rate", "request rate per API token over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
 	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests an API token may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
+
+	fs.Var(c.DryRun, "dry-run", "limits that decide, count and log what they would refuse, and refuse nobody: a comma-separated list of "+strings.Join(LimitNames, ", ")+", or all")
 
 	fs.Var(c.Nodes, "node", "broker node NAME=URL (Jolokia base URL), repeatable")
 	fs.IntVar(&c.NodeRate, "node-rate", 20, "calls per second per node for the whole installation")

@@ -36,7 +36,7 @@ func (a *App) routes() http.Handler {
 	mux.Handle("GET /audit", a.pageToken(historyRoute(ep.audit, a.handleAuditPage)))
 	mux.HandleFunc("POST /audit", a.handleAuditSignIn)
 	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
-	mux.Handle("GET /api/limits", api(http.HandlerFunc(a.handleLimits)))
+	mux.Handle("GET /api/limits", api(requireOperator(http.HandlerFunc(a.handleLimits))))
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +14,7 @@ import (
 // DemoSet is the demo data of REFERENCE-SERVICE.md.
 type DemoSet struct {
 	Users       []string // each with password Password and token <name>-token
+	Operators   []string // the users among Users who are operators
 	Password    string
 	AuditEvents int
 	Events      int
@@ -21,11 +23,12 @@ type DemoSet struct {
 }
 
 // DemoData is alice, bob and carol (password "studio", tokens alice-token,
-// bob-token, carol-token), 100,000 audit events, 10,000 events, 10,000
+// bob-token, carol-token; alice is an operator), 100,000 audit events, 10,000 events, 10,000
 // alerts and 5,000 message-flow rows.
 func DemoData() DemoSet {
 	return DemoSet{
 		Users:       []string{"alice", "bob", "carol"},
+		Operators:   []string{"alice"},
 		Password:    "studio",
 		AuditEvents: 100000,
 		Events:      10000,
@@ -36,7 +39,9 @@ func DemoData() DemoSet {
 
 // Seed writes the demo data once. Replicas starting together take turns
 // on an advisory lock, and the one that finds the data set marked as
-// seeded does nothing.
+// seeded writes no history again; the users and their tokens are brought
+// up to date on every start (an upsert), so a database seeded by an older
+// version gets its operator.
 func Seed(ctx context.Context, pool *pgxpool.Pool, d DemoSet) error {
 	const name = "demo-v1"
 	hash, err := bcrypt.GenerateFromPassword([]byte(d.Password), bcrypt.DefaultCost)
@@ -48,18 +53,18 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, d DemoSet) error {
 		if err := q.SeedLock(ctx, tx); err != nil {
 			return err
 		}
-		done, err := q.SeedDone(ctx, tx, name)
-		if err != nil || done {
-			return err
-		}
 		for _, u := range d.Users {
-			id, err := q.SeedUser(ctx, tx, &studiodb.SeedUserParams{Username: u, PasswordHash: string(hash)})
+			id, err := q.SeedUser(ctx, tx, &studiodb.SeedUserParams{Username: u, PasswordHash: string(hash), Operator: slices.Contains(d.Operators, u)})
 			if err != nil {
 				return err
 			}
 			if err := q.SeedToken(ctx, tx, &studiodb.SeedTokenParams{Digest: TokenDigest(u + "-token"), UserID: id, Name: u + "-token"}); err != nil {
 				return err
 			}
+		}
+		done, err := q.SeedDone(ctx, tx, name)
+		if err != nil || done {
+			return err
 		}
 		for _, step := range []func() error{
 			func() error { return q.SeedAuditEvents(ctx, tx, int32(d.AuditEvents)) },

@@ -36,7 +36,7 @@ func (q *Queries) ApiTokenCreate(ctx context.Context, db DBTX, arg *ApiTokenCrea
 }
 
 const ApiTokenLookup = `-- name: ApiTokenLookup :one
-SELECT t.id AS token_id, t.name AS token_name, u.id AS user_id, u.username
+SELECT t.id AS token_id, t.name AS token_name, u.id AS user_id, u.username, u.operator
 FROM api_token AS t
 JOIN app_user AS u ON u.id = t.user_id
 WHERE t.digest = $1::bytea AND (t.expires_at IS NULL OR t.expires_at > now())
@@ -47,9 +47,11 @@ type ApiTokenLookupRow struct {
 	TokenName string
 	UserID    int64
 	Username  string
+	Operator  bool
 }
 
-// The user a bearer token belongs to, by the token's SHA-256 digest.
+// The user a bearer token belongs to, by the token's SHA-256 digest, and
+// whether that user is an operator.
 func (q *Queries) ApiTokenLookup(ctx context.Context, db DBTX, digest []byte) (*ApiTokenLookupRow, error) {
 	row := db.QueryRow(ctx, ApiTokenLookup, digest)
 	var i ApiTokenLookupRow
@@ -58,8 +60,44 @@ func (q *Queries) ApiTokenLookup(ctx context.Context, db DBTX, digest []byte) (*
 		&i.TokenName,
 		&i.UserID,
 		&i.Username,
+		&i.Operator,
 	)
 	return &i, err
+}
+
+const ApiTokenNames = `-- name: ApiTokenNames :many
+SELECT t.id, t.name, u.username
+FROM api_token AS t
+JOIN app_user AS u ON u.id = t.user_id
+WHERE t.id = ANY ($1::bigint[])
+`
+
+type ApiTokenNamesRow struct {
+	ID       int64
+	Name     string
+	Username string
+}
+
+// The names and owners of tokens by id, for the operator page (the
+// in-flight cap counts token ids; a token's secret is never stored).
+func (q *Queries) ApiTokenNames(ctx context.Context, db DBTX, ids []int64) ([]*ApiTokenNamesRow, error) {
+	rows, err := db.Query(ctx, ApiTokenNames, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ApiTokenNamesRow
+	for rows.Next() {
+		var i ApiTokenNamesRow
+		if err := rows.Scan(&i.ID, &i.Name, &i.Username); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const AppUserByName = `-- name: AppUserByName :one

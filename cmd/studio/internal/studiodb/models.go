@@ -32,6 +32,7 @@ type AppUser struct {
 	Username     string
 	PasswordHash string
 	CreatedAt    time.Time
+	Operator     bool
 }
 
 type AuditEvent struct {

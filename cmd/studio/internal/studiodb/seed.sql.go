@@ -117,18 +117,21 @@ func (q *Queries) SeedToken(ctx context.Context, db DBTX, arg *SeedTokenParams) 
 }
 
 const SeedUser = `-- name: SeedUser :one
-INSERT INTO app_user (username, password_hash) VALUES ($1::text, $2::text)
-ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash
+INSERT INTO app_user (username, password_hash, operator) VALUES ($1::text, $2::text, $3::boolean)
+ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, operator = excluded.operator
 RETURNING id
 `
 
 type SeedUserParams struct {
 	Username     string
 	PasswordHash string
+	Operator     bool
 }
 
+// A demo user, made or brought up to date on every start (the demo
+// operator too, on a database seeded before there were operators).
 func (q *Queries) SeedUser(ctx context.Context, db DBTX, arg *SeedUserParams) (int64, error) {
-	row := db.QueryRow(ctx, SeedUser, arg.Username, arg.PasswordHash)
+	row := db.QueryRow(ctx, SeedUser, arg.Username, arg.PasswordHash, arg.Operator)
 	var id int64
 	err := row.Scan(&id)
 	return id, err

@@ -12,8 +12,10 @@ SELECT EXISTS (SELECT 1 FROM demo_seed WHERE name = @name::text) AS done;
 INSERT INTO demo_seed (name) VALUES (@name::text) ON CONFLICT DO NOTHING;
 
 -- name: SeedUser :one
-INSERT INTO app_user (username, password_hash) VALUES (@username::text, @password_hash::text)
-ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash
+-- A demo user, made or brought up to date on every start (the demo
+-- operator too, on a database seeded before there were operators).
+INSERT INTO app_user (username, password_hash, operator) VALUES (@username::text, @password_hash::text, @operator::boolean)
+ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, operator = excluded.operator
 RETURNING id;
 
 -- name: SeedToken :exec
