@@ -93,6 +93,7 @@ func TestFlags(t *testing.T) {
 		"-addr", "-database-url", "-read-replica-url", "-replica-name", "-demo", "-pool-max-conns",
 		"-sql-console-cap", "-sql-console-time", "-sql-console-rows", "-export-cap", "-export-time", "-export-rows",
 		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-node", "-node-rate",
+		"-api-rate", "-api-burst", "-dry-run",
 	} {
 		if !strings.Contains(string(out), "  "+name+" ") && !strings.Contains(string(out), "  "+name+"\n") {
 			t.Errorf("-h does not list %s", name)
@@ -109,6 +110,8 @@ func TestFlags(t *testing.T) {
 		{"-history-rows", "199"},
 		{"-flow-rows", "0"},
 		{"-pool-max-conns", "zero"},
+		{"-dry-run", "sql"},
+		{"-dry-run", "all,nope"},
 		{"extra-argument"},
 	} {
 		cmd := exec.Command(bin, args...)
