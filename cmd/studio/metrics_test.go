@@ -37,12 +37,13 @@ var metricsFlags = []string{"-sql-console-cap", "1", "-export-cap", "1", "-histo
 	"-export-rows", "10", "-pool-max-conns", "40", "-sign-in-failures", "2", "-uploads-per-hour", "1",
 	"-api-rate", "1/h", "-api-burst", "20"}
 
-// tokenID is the id the service counts a demo token by (its in-flight and
-// rate keys).
-func tokenID(t *testing.T, pool *pgxpool.Pool, name string) string {
+// tokenID is the id the service counts a user's demo token by (its
+// in-flight and rate keys).
+func tokenID(t *testing.T, pool *pgxpool.Pool, user string) string {
 	t.Helper()
 	var id int64
-	if err := pool.QueryRow(context.Background(), `SELECT id FROM api_token WHERE name = $1`, name).Scan(&id); err != nil {
+	if err := pool.QueryRow(context.Background(),
+		`SELECT t.id FROM api_token t JOIN app_user u ON u.id = t.user_id WHERE u.username = $1 AND t.name = 'demo'`, user).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	return strconv.FormatInt(id, 10)
@@ -75,7 +76,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rate.AcquireN(ctx, tokenID(t, pool, "carol-token"), 20, nil); err != nil {
+	if _, err := rate.AcquireN(ctx, tokenID(t, pool, "carol"), 20, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -116,7 +117,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bob := tokenID(t, pool, "bob-token")
+	bob := tokenID(t, pool, "bob")
 	for range 8 {
 		p, err := caps.Acquire(ctx, bob)
 		if err != nil {

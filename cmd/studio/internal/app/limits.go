@@ -1,9 +1,13 @@
 package app
 
 import (
+	"context"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/permit"
 )
 
@@ -15,6 +19,10 @@ type limitRow struct {
 	Replica   string    `json:"replica"`
 	ClaimedAt time.Time `json:"claimedAt"`
 	ExpiresAt time.Time `json:"expiresAt"`
+	// TokenName and User name the token of an in-flight row (its holder
+	// is the token's id; the token itself is never stored).
+	TokenName string `json:"tokenName,omitempty"`
+	User      string `json:"user,omitempty"`
 }
 
 type throttleRow struct {
@@ -33,6 +41,19 @@ type replicaRow struct {
 	ExpiresAt   time.Time `json:"expiresAt"`
 }
 
+// refusalsJSON are the installation's refusals per limit and minute.
+type refusalsJSON struct {
+	// Minutes are the last 15 minutes of the database clock, oldest first.
+	Minutes []time.Time         `json:"minutes"`
+	Limits  []limitRefusalsJSON `json:"limits"`
+}
+
+type limitRefusalsJSON struct {
+	Name          string  `json:"name"`
+	Refused       []int64 `json:"refused"`
+	DryRunRefused []int64 `json:"dryRunRefused"`
+}
+
 type limitsResponse struct {
 	Permits         []limitRow    `json:"permits"`
 	Throttles       []throttleRow `json:"throttles"`
@@ -44,19 +65,30 @@ type limitsResponse struct {
 	// ReadReplica is whether the read replica answers its health check
 	// (history reads go to it while it does); null without one.
 	ReadReplica *bool `json:"readReplicaHealthy"`
+	// Refusals are every limit's refusals per minute over the last 15
+	// minutes, counted by all replicas (pglimit.Refusals).
+	Refusals refusalsJSON `json:"refusals"`
+	// DryRun are the limits this replica runs in dry run (-dry-run).
+	DryRun []string `json:"dryRun"`
+	// Replica is the replica that answered.
+	Replica string `json:"replica"`
 }
 
-// handleLimits is the operator view (GET /api/limits): every live permit,
-// throttle, upload window and in-flight row, as plain rows of the limit
-// tables, and the replica registry. It always reads the primary: UNLOGGED
-// tables are not replicated. readReplicaHealthy says whether the read
-// replica (-read-replica-url) serves history reads now; null without one.
-func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := dbContext(r.Context())
-	defer cancel()
-	resp := limitsResponse{
+// refusalMinutes is the span of the refusal chart.
+const refusalMinutes = 15
+
+// readLimits reads what every limit holds now, the replica registry and
+// the refusals of the last 15 minutes. It always reads the primary:
+// UNLOGGED tables are not replicated.
+func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
+	resp := &limitsResponse{
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
-		InstallationCap: a.endpoints.sqlConsole.InstallationLimit(),
+		InstallationCap: a.endpoints.sqlConsole.InstallationLimit(), DryRun: []string{}, Replica: a.cfg.ReplicaName,
+	}
+	for _, n := range LimitNames {
+		if a.cfg.DryRun[n] {
+			resp.DryRun = append(resp.DryRun, n)
+		}
 	}
 	if a.router.HasReplica() {
 		healthy := a.router.Healthy()
@@ -68,26 +100,26 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 	}{{permit.HeavyPermit, &resp.Permits}, {permit.UploadWindow, &resp.UploadWindows}, {permit.RequestInFlight, &resp.InFlight}} {
 		held, err := permit.List(ctx, a.primary, kind.kind)
 		if err != nil {
-			a.dbError(w, r, err)
-			return
+			return nil, err
 		}
 		for _, h := range held {
 			*kind.into = append(*kind.into, limitRow{Scope: h.Scope, Slot: int32(h.Slot), Holder: h.Holder, Endpoint: h.Endpoint,
 				Replica: h.Replica, ClaimedAt: h.ClaimedAt, ExpiresAt: h.ExpiresAt})
 		}
 	}
+	if err := a.nameTokens(ctx, resp.InFlight); err != nil {
+		return nil, err
+	}
 	throttles, err := a.signin.List(ctx)
 	if err != nil {
-		a.dbError(w, r, err)
-		return
+		return nil, err
 	}
 	for _, t := range throttles {
 		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: int32(t.Failures), FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
 	}
 	replicas, err := a.registry.List(ctx)
 	if err != nil {
-		a.dbError(w, r, err)
-		return
+		return nil, err
 	}
 	for _, rep := range replicas {
 		resp.Replicas = append(resp.Replicas, replicaRow(rep))
@@ -96,5 +128,56 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	resp.ReadyReplicas = max(resp.ReadyReplicas, 1)
+	refusals, err := pglimit.Refusals(ctx, a.primary, refusalMinutes)
+	if err != nil {
+		return nil, err
+	}
+	resp.Refusals = refusalsJSON{Minutes: refusals.Minutes, Limits: []limitRefusalsJSON{}}
+	for _, l := range refusals.Limits {
+		resp.Refusals.Limits = append(resp.Refusals.Limits, limitRefusalsJSON(l))
+	}
+	return resp, nil
+}
+
+// nameTokens fills in the token name and user of in-flight rows, whose
+// holder is the token's id (tokenOf).
+func (a *App) nameTokens(ctx context.Context, rows []limitRow) error {
+	var ids []int64
+	for _, r := range rows {
+		if id, err := strconv.ParseInt(r.Holder, 10, 64); err == nil && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	names, err := a.q.ApiTokenNames(ctx, a.primary, ids)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		for _, n := range names {
+			if strconv.FormatInt(n.ID, 10) == rows[i].Holder {
+				rows[i].TokenName, rows[i].User = n.Name, n.Username
+			}
+		}
+	}
+	return nil
+}
+
+// handleLimits is the operator view (GET /api/limits, operators only):
+// every live permit, throttle, upload window and in-flight row, as plain
+// rows of the limit tables, the replica registry, and every limit's
+// refusals per minute over the last 15 minutes. readReplicaHealthy says
+// whether the read replica (-read-replica-url) serves history reads now;
+// null without one.
+func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
+	resp, err := a.readLimits(ctx)
+	if err != nil {
+		a.dbError(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"errors"
 	"html/template"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -92,47 +93,74 @@ func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func renderPage(w http.ResponseWriter, status int, v auditView) {
+	writeHTML(w, status, pageCSP, func(w io.Writer) error { return auditPage.Execute(w, v) })
+}
+
+// pageCSP is the Content-Security-Policy of the pages without a script.
+const pageCSP = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+
+// writeHTML answers an HTML page: never cached, never framed, under csp.
+func writeHTML(w http.ResponseWriter, status int, csp string, render func(io.Writer) error) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	w.Header().Set("Content-Security-Policy", csp)
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.WriteHeader(status)
-	_ = auditPage.Execute(w, v)
+	_ = render(w)
 }
 
 // handleAuditSignIn is POST /audit: it takes an API token from the page's
 // form, checks it, and keeps it in the page's cookie.
 func (a *App) handleAuditSignIn(w http.ResponseWriter, r *http.Request) {
+	a.pageSignIn(w, r, "/audit", false, func(status int, msg string) {
+		renderPage(w, status, auditView{SignIn: true, Error: msg})
+	})
+}
+
+// pageSignIn takes an API token from a page's form, checks it (and that
+// its user is an operator, when operatorOnly), keeps it in the cookie of
+// the page at path and sends the browser there; a token it cannot accept
+// shows the form again through form.
+func (a *App) pageSignIn(w http.ResponseWriter, r *http.Request, path string, operatorOnly bool, form func(status int, msg string)) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	if token == "" || len(token) > 256 {
-		renderPage(w, http.StatusUnauthorized, auditView{SignIn: true, Error: "Enter an API token."})
+		form(http.StatusUnauthorized, "Enter an API token.")
 		return
 	}
 	ctx, cancel := dbContext(r.Context())
 	defer cancel()
-	if _, err := a.q.ApiTokenLookup(ctx, a.primary, TokenDigest(token)); err != nil {
-		if !errors.Is(err, pgx.ErrNoRows) {
-			// The token could not be checked: not "unknown", and not signed in.
-			a.log.WarnContext(r.Context(), "audit page sign-in: token not checked", "err", err)
-			renderPage(w, http.StatusServiceUnavailable, auditView{SignIn: true, Error: "The database cannot be reached; try again shortly."})
-			return
-		}
-		renderPage(w, http.StatusUnauthorized, auditView{SignIn: true, Error: "That API token is unknown."})
+	row, err := a.q.ApiTokenLookup(ctx, a.primary, TokenDigest(token))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		form(http.StatusUnauthorized, "That API token is unknown.")
+		return
+	case err != nil:
+		// The token could not be checked: not "unknown", and not signed in.
+		a.log.WarnContext(r.Context(), "page sign-in: token not checked", "page", path, "err", err)
+		form(http.StatusServiceUnavailable, "The database cannot be reached; try again shortly.")
+		return
+	case operatorOnly && !row.Operator:
+		form(http.StatusForbidden, "That API token is not an operator's: this page is for operators only.")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: token, Path: "/audit", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 8 * 3600})
-	http.Redirect(w, r, "/audit", http.StatusSeeOther)
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: token, Path: path, HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 8 * 3600})
+	http.Redirect(w, r, path, http.StatusSeeOther)
 }
 
 // pageToken lets the page's cookie stand in for the Authorization header;
-// without either it shows the sign-in form.
-func (a *App) pageToken(next http.Handler) http.Handler {
+// without either it shows the sign-in form (form), or, with a nil form,
+// passes the request on as it is (requireToken answers 401).
+func (a *App) pageToken(form func(http.ResponseWriter), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") == "" {
 			c, err := r.Cookie(tokenCookie)
+			if (err != nil || c.Value == "") && form != nil {
+				form(w)
+				return
+			}
 			if err != nil || c.Value == "" {
-				renderPage(w, http.StatusOK, auditView{SignIn: true})
+				next.ServeHTTP(w, r)
 				return
 			}
 			r = r.Clone(r.Context())

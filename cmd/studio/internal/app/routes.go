@@ -33,10 +33,16 @@ func (a *App) routes() http.Handler {
 	mux.Handle("GET /api/audit", historyRoute(ep.audit, a.auditHistory().handler(a)))
 	mux.Handle("GET /api/events", historyRoute(ep.events, a.eventHistory().handler(a)))
 	mux.Handle("GET /api/alerts", historyRoute(ep.alerts, a.alertHistory().handler(a)))
-	mux.Handle("GET /audit", a.pageToken(historyRoute(ep.audit, a.handleAuditPage)))
+	mux.Handle("GET /audit", a.pageToken(auditSignInForm, historyRoute(ep.audit, a.handleAuditPage)))
 	mux.HandleFunc("POST /audit", a.handleAuditSignIn)
 	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
 	mux.Handle("GET /api/limits", api(requireOperator(http.HandlerFunc(a.handleLimits))))
+	// The operator page: the page, its self-refreshing part, its form and
+	// its script.
+	mux.Handle("GET /limits", a.pageToken(limitsSignInForm, api(requireOperator(http.HandlerFunc(a.handleLimitsPage)))))
+	mux.Handle("GET /limits/live", a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleLimitsLive)))))
+	mux.HandleFunc("POST /limits", a.handleLimitsSignIn)
+	mux.HandleFunc("GET /limits/refresh.js", handleLimitsScript)
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)

@@ -58,7 +58,7 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, d DemoSet) error {
 			if err != nil {
 				return err
 			}
-			if err := q.SeedToken(ctx, tx, &studiodb.SeedTokenParams{Digest: TokenDigest(u + "-token"), UserID: id, Name: u + "-token"}); err != nil {
+			if err := q.SeedToken(ctx, tx, &studiodb.SeedTokenParams{Digest: TokenDigest(u + "-token"), UserID: id, Name: "demo"}); err != nil {
 				return err
 			}
 		}

@@ -102,7 +102,7 @@ func (q *Queries) SeedMessageFlow(ctx context.Context, db DBTX, n int32) error {
 
 const SeedToken = `-- name: SeedToken :exec
 INSERT INTO api_token (digest, user_id, name) VALUES ($1::bytea, $2::bigint, $3::text)
-ON CONFLICT (digest) DO NOTHING
+ON CONFLICT (digest) DO UPDATE SET name = excluded.name
 `
 
 type SeedTokenParams struct {
@@ -111,6 +111,8 @@ type SeedTokenParams struct {
 	Name   string
 }
 
+// A demo token (its name, "demo", is what operators see; the token is
+// "<user>-token", stored as its digest like every token).
 func (q *Queries) SeedToken(ctx context.Context, db DBTX, arg *SeedTokenParams) error {
 	_, err := db.Exec(ctx, SeedToken, arg.Digest, arg.UserID, arg.Name)
 	return err

@@ -19,8 +19,10 @@ ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, ope
 RETURNING id;
 
 -- name: SeedToken :exec
+-- A demo token (its name, "demo", is what operators see; the token is
+-- "<user>-token", stored as its digest like every token).
 INSERT INTO api_token (digest, user_id, name) VALUES (@digest::bytea, @user_id::bigint, @name::text)
-ON CONFLICT (digest) DO NOTHING;
+ON CONFLICT (digest) DO UPDATE SET name = excluded.name;
 
 -- name: SeedAuditEvents :exec
 -- @n audit events, newest now, three to a second so the sort key has ties.
