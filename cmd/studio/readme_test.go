@@ -102,7 +102,7 @@ func TestReadmeQuickStart(t *testing.T) {
 						t.Skip("make test is the test suite this test is part of")
 					}
 				case "open":
-					t.Skip("open shows the page in a browser; TestAuditPageInBrowser drives that page in chromium")
+					t.Skip("open shows a page in a browser; TestAuditPageInBrowser and TestLimitsPageInBrowser drive those pages in chromium")
 				case "curl":
 					runCurl(t, quickStartPort.ReplaceAllString(line, "${1}:"+port), curlHome)
 					ran++
