@@ -16,8 +16,15 @@
 // This package is the small part they share: ErrLimited, which every
 // refusal matches; Classify, which tells a database that cannot be reached
 // from a statement that timed out from anything else; MaxLimit, the bound
-// of every cap; Migrate, which creates pglimit's schema; and Run, which
-// runs what every replica runs in the background.
+// of every cap; Migrate, which creates pglimit's schema; Run, which runs
+// what every replica runs in the background; and Refusals, every limit's
+// refusals per minute across all replicas.
+//
+// Every limiter counts its decisions in the OpenTelemetry counter
+// pglimit.decisions (attributes limit, outcome, scope; never a key) and
+// times their database work in pglimit.decision.duration, through its
+// Options.MeterProvider, and takes Options.DryRun: decide, count, log,
+// refuse nobody.
 package pglimit
 
 import (
