@@ -221,11 +221,19 @@ func proveAdoption(t *testing.T, serviceURL, observerURL string) {
 				t.Errorf("%s: bob's right password after %d failures: %d %s, want 429", p.name, signInLimit, status, body)
 			}
 		}
-		// A body the throttle cannot read reaches no password check.
+		// A JSON sign-in labelled text/plain is counted like any other: bob
+		// stays throttled, no password is checked.
 		req, _ := http.NewRequest(http.MethodPost, procs[0].url+"/login", strings.NewReader(`{"username":"bob","password":"adopt"}`))
 		req.Header.Set("Content-Type", "text/plain")
+		if status, body := do(t, req); status != http.StatusTooManyRequests {
+			t.Errorf("bob's sign-in as text/plain: %d %s, want 429 (JSON is read whatever its label)", status, body)
+		}
+		// A body the throttle cannot read is refused by it: no password is
+		// checked.
+		req, _ = http.NewRequest(http.MethodPost, procs[0].url+"/login", strings.NewReader(`password=adopt`))
+		req.Header.Set("Content-Type", "text/plain")
 		if status, body := do(t, req); status != http.StatusBadRequest {
-			t.Errorf("a sign-in as text/plain: %d %s, want 400 (the throttle could not read it, so no password is checked)", status, body)
+			t.Errorf("a sign-in without a username: %d %s, want 400 (the throttle could not read it, so no password is checked)", status, body)
 		}
 		if checked := audited() - before; checked != signInLimit {
 			t.Errorf("%d of bob's passwords checked in all, want %d", checked, signInLimit)

@@ -21,8 +21,8 @@ import (
 // Wrap the sign-in handler. The handler checks the password the same way
 // for unknown usernames (against a dummy hash) and answers 401 for any bad
 // credentials: the throttle learns the outcome from that status. A request
-// the throttle cannot identify (no username in its body) reaches the
-// handler without a Permit: refuse it, never check its password.
+// the throttle cannot identify (no username in its body) never reaches the
+// handler: the throttle answers it 400 invalid-sign-in-request.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -39,10 +39,6 @@ func Example() {
 	users := map[string][]byte{"alice": aliceHash}
 
 	signIn := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := signin.FromContext(r.Context()); !ok {
-			http.Error(w, "a username is required", http.StatusBadRequest)
-			return
-		}
 		var req struct{ Username, Password string }
 		_ = json.NewDecoder(r.Body).Decode(&req)
 		hash, known := users[signin.NormalizeUsername(req.Username)]
@@ -80,7 +76,7 @@ func Example() {
 	// 401
 	// 401
 	// 429 urn:pglimit:problem:too-many-failed-sign-ins
-	// 400
+	// 400 urn:pglimit:problem:invalid-sign-in-request
 }
 
 // Callers that are not HTTP handlers (a CLI, a gRPC service) use Acquire

@@ -28,8 +28,9 @@ import (
 // its status says: 401 a failure, 2xx a success, anything else (or a panic,
 // or nothing written) not an attempt. A failure is recorded before the 401
 // goes out; if it cannot be recorded the client gets 503 instead. A request
-// without a key passes to next uncounted, with the body intact and no
-// Permit in its context.
+// without a key is refused 400 invalid-sign-in-request (ErrNoKey through
+// OnError) and next never runs: a password the throttle cannot count is
+// never checked.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := readBody(w, r, l.maxBody)
@@ -43,7 +44,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		key, ok := l.key(withBody(r, body))
 		if !ok || key == "" {
-			next.ServeHTTP(w, withBody(r, body))
+			l.onError(w, r, ErrNoKey)
 			return
 		}
 		p, err := l.Acquire(r.Context(), key)
@@ -188,24 +189,25 @@ func usernameOf(r *http.Request) (string, error) {
 		return "", ErrNoKey
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	switch {
-	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
-		return jsonUsername(r.Body)
-	case mt == "multipart/form-data":
+	if mt == "multipart/form-data" {
 		if err := r.ParseMultipartForm(32 << 10); err != nil {
 			return "", ErrNoKey
 		}
 		return r.FormValue("username"), nil
-	case mt == "application/x-www-form-urlencoded":
-		return formUsername(r.Body)
-	case mt == "":
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			return "", err
-		}
-		if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
-			return jsonUsername(bytes.NewReader(b))
-		}
+	}
+	// A body that is a JSON object is read as JSON whatever its label:
+	// curl -d sends JSON labelled as a form, a client may send text/plain,
+	// and a handler that decodes such a body anyway must never check a
+	// password the throttle did not count. A form body never starts with
+	// '{'. Otherwise a form, or no label, is read as a form.
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		return "", err
+	}
+	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
+		return jsonUsername(bytes.NewReader(b))
+	}
+	if mt == "application/x-www-form-urlencoded" || mt == "" {
 		return formUsername(bytes.NewReader(b))
 	}
 	return "", ErrNoKey

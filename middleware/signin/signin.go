@@ -52,19 +52,20 @@
 // # Unidentified requests
 //
 // A request whose key Options.Key cannot read (the default: a body with no
-// username, or one the key function cannot parse) passes to next
-// uncounted, with no Permit in its context: a limiter is not an
-// authenticator, and the handler answers such a request as it likes. It
-// must not check a password without a Permit (FromContext reports false):
-// answer 400. The Handler buffers the body first, so the handler reads it
-// again from the start.
+// username — a JSON object, whatever its Content-Type, or a form) is
+// refused 400 invalid-sign-in-request and the handler never runs. This is
+// the one limiter that does not let an unidentified request through: it
+// guards a password check, wraps only the sign-in route, and a password it
+// cannot count must not be checked (fail closed, as when the database
+// cannot be reached). The Handler buffers the body first, so the handler
+// reads it again from the start.
 //
 // # Responses
 //
 // Every response the Handler writes itself goes through Options.OnError,
 // WriteError by default: a throttled key (*LimitError, 429), a body larger
 // than MaxBodyBytes (413 sign-in-request-too-large), a body that cannot be
-// read (400 invalid-sign-in-request), a database that cannot be reached or
+// read or carries no key (400 invalid-sign-in-request), a database that cannot be reached or
 // timed out, or a failure that could not be recorded (503
 // sign-in-unavailable), anything else (500, logged through Options.Logger,
 // never sent). A client that went away gets nothing.
@@ -120,7 +121,8 @@ const (
 	SlugTooMany = "too-many-failed-sign-ins"
 	// SlugUnavailable: the throttle's database cannot be reached (503).
 	SlugUnavailable = "sign-in-unavailable"
-	// SlugInvalid: the request body could not be read (400).
+	// SlugInvalid: the request body could not be read or carries no
+	// username (400).
 	SlugInvalid = "invalid-sign-in-request"
 	// SlugTooLarge: the request body is larger than MaxBodyBytes (413).
 	SlugTooLarge = "sign-in-request-too-large"
@@ -145,8 +147,8 @@ type Options struct {
 	Name string
 	// Key returns the client key of a sign-in request. It is given a copy of
 	// the request whose body it may read (the handler gets the body again
-	// from the start). ok false, or an empty key, lets the request pass to
-	// next uncounted (see Unidentified requests). Default: UsernameKey,
+	// from the start). ok false, or an empty key, refuses the request 400
+	// (see Unidentified requests). Default: UsernameKey,
 	// which keys on the username alone and never on X-Forwarded-For.
 	Key func(*http.Request) (key string, ok bool)
 	// Limit is how many failed sign-ins a key may have in one window
@@ -288,7 +290,8 @@ func (l *Limiter) Strict() bool { return l.strict }
 // request was unidentified).
 var ErrNoAttempt = errors.New("signin: no sign-in attempt in context")
 
-// ErrNoKey is returned by Acquire for an empty key.
+// ErrNoKey is returned by Acquire for an empty key, and given to OnError
+// for a request whose key Options.Key cannot read (400).
 var ErrNoKey = errors.New("signin: no key")
 
 // ErrUnreadable is matched by the error OnError gets for a request body
@@ -663,6 +666,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &tooLarge):
 		problem.Write(w, &problem.Details{Slug: SlugTooLarge, Title: "Sign-in request too large",
 			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
+	case errors.Is(err, ErrNoKey):
+		problem.BadRequest(w, SlugInvalid, "Invalid sign-in request",
+			"The sign-in request must carry a username: a JSON object or a form with the field \"username\".")
 	case errors.Is(err, ErrUnreadable):
 		problem.BadRequest(w, SlugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
 	case errors.Is(err, ErrNotRecorded):

@@ -794,10 +794,12 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 	}
 }
 
-// TestBadInput: requests without a usable username pass to the handler
-// unidentified (no Permit in the context, nothing counted), so the handler
-// answers them; a body too large never reaches it; nothing fails with a
-// 500; odd but valid usernames are throttled like any other.
+// TestBadInput: requests without a usable username are refused 400
+// invalid-sign-in-request by the throttle and never reach the handler (a
+// password it cannot count is never checked); a body too large never
+// reaches it either; nothing fails with a 500; a JSON body is read as JSON
+// whatever its Content-Type; odd but valid usernames are throttled like any
+// other.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
@@ -805,11 +807,8 @@ func TestBadInput(t *testing.T) {
 	h := newLimiter(t, pool, signin.Options{MaxBodyBytes: 16 << 10}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
 		if _, ok := signin.FromContext(r.Context()); !ok {
-			// What a sign-in handler does with a request the throttle could
-			// not identify: refuse it, never check a password.
 			unidentified.Add(1)
-			problem.BadRequest(w, "no-username", "No username", "Send a username.")
-			return
+			t.Error("a request reached the handler without a Permit")
 		}
 		body, _ := io.ReadAll(r.Body)
 		if len(body) == 0 {
@@ -818,7 +817,8 @@ func TestBadInput(t *testing.T) {
 		w.WriteHeader(http.StatusUnauthorized)
 	}))
 	noUsername := map[string]any{
-		"type": "urn:pglimit:problem:no-username", "title": "No username", "status": float64(400), "detail": "Send a username.",
+		"type": "urn:pglimit:problem:invalid-sign-in-request", "title": "Invalid sign-in request", "status": float64(400),
+		"detail": `The sign-in request must carry a username: a JSON object or a form with the field "username".`,
 	}
 	tooLarge := map[string]any{
 		"type": "urn:pglimit:problem:sign-in-request-too-large", "title": "Sign-in request too large", "status": float64(413),
@@ -847,6 +847,8 @@ func TestBadInput(t *testing.T) {
 		{"json without content type", "", `{"username":"bob"}`, 401, nil},
 		{"form without content type", "", `username=bob`, 401, nil},
 		{"json+problem type", "application/vnd.api+json; charset=utf-8", `{"username":"bob"}`, 401, nil},
+		{"json sent as text/plain", "text/plain", `{"username":"bob"}`, 401, nil},
+		{"json sent as a form (curl -d)", "application/x-www-form-urlencoded", ` {"username":"carol","password":"x"}`, 401, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before, beforeUnidentified := reached.Load(), unidentified.Load()
@@ -868,17 +870,20 @@ func TestBadInput(t *testing.T) {
 			switch {
 			case tc.status == http.StatusRequestEntityTooLarge && reached.Load() != before:
 				t.Error("the handler ran for a body too large")
-			case tc.status == http.StatusBadRequest && unidentified.Load() != beforeUnidentified+1:
-				t.Error("the request did not reach the handler unidentified")
-			case tc.status == http.StatusUnauthorized && unidentified.Load() != beforeUnidentified:
-				t.Error("a request with a username reached the handler without a Permit")
+			case tc.status == http.StatusBadRequest && reached.Load() != before:
+				t.Error("the handler ran for a request the throttle could not identify")
+			case tc.status == http.StatusUnauthorized && (reached.Load() != before+1 || unidentified.Load() != beforeUnidentified):
+				t.Error("a request with a username did not reach the handler with a Permit")
 			}
 		})
 	}
 	// Form and JSON spellings of bob count together; the unidentified
 	// requests counted against nobody.
-	if n := failures(t, pool, "username:bob"); n != 4 {
-		t.Errorf("bob: %d failures, want 4", n)
+	if n := failures(t, pool, "username:bob"); n != 5 {
+		t.Errorf("bob: %d failures, want 5", n)
+	}
+	if n := failures(t, pool, "username:carol"); n != 1 {
+		t.Errorf("carol: %d failures, want 1", n)
 	}
 	if n := failures(t, pool, "username:alice"); n != 0 {
 		t.Errorf("alice: %d failures from requests the throttle could not identify, want 0", n)

@@ -32,8 +32,8 @@ type sessionRequest struct {
 // normalised as signin.UsernameKey does, whatever the Content-Type says:
 // the service reads every JSON body that way (decodeJSON), and curl -d
 // sends a form type. A body that is not a JSON object with a username is
-// not identified: it reaches handleSession without a Permit, which answers
-// 400 invalid-sign-in-request.
+// not identified: the throttle answers it 400 invalid-sign-in-request and
+// handleSession never runs.
 func signInKey(r *http.Request) (string, bool) {
 	var req struct {
 		Username *string `json:"username"`
@@ -50,16 +50,9 @@ func signInKey(r *http.Request) (string, bool) {
 
 // handleSession signs in (POST /api/session) behind the sign-in throttle:
 // 200 {"token"} or 401 invalid-credentials, the same for an unknown
-// username and a wrong password; 400 invalid-sign-in-request when the
-// throttle found no username to count the attempt against.
+// username and a wrong password (a request without a username never gets
+// here: the throttle answers it 400 invalid-sign-in-request).
 func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
-	if _, ok := signin.FromContext(r.Context()); !ok {
-		// The throttle could not read a username: it counted nothing, so
-		// no password may be checked.
-		problem.BadRequest(w, "invalid-sign-in-request", "Invalid sign-in request",
-			"The sign-in request must carry a username (a JSON object or a form with the field \"username\").")
-		return
-	}
 	var req sessionRequest
 	if !decodeJSON(w, r, &req, 4096) {
 		return
