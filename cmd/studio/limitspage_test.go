@@ -12,7 +12,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pglimit/pglimit/internal/pgtest"
-	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
 // TestLimitsPageInBrowser: an operator signs in on /limits and sees a
@@ -25,21 +24,10 @@ func TestLimitsPageInBrowser(t *testing.T) {
 	t.Parallel()
 	procs, dbURL := studio(t, 1, "-sql-console-cap", "1", "-sign-in-failures", "2", "-uploads-per-hour", "1", "-dry-run", "uploads")
 	base := procs[0].URL
-	ctx := context.Background()
 
 	// The test holds alice's console permit through pglimit's public API,
 	// as another replica would.
-	pool := pgtest.Pool(t, dbURL, 2)
-	consoleLimit, err := heavy.New(pool, heavy.Options{Name: "sql-console", Key: func(*http.Request) (string, bool) { return "", false },
-		Limit: 1, InstallationLimit: 4, Replica: "held-by-the-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := consoleLimit.Acquire(ctx, "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Release(ctx) })
+	holdPermit(t, pgtest.Pool(t, dbURL, 2), "sql-console", "alice", 4, "held-by-the-test")
 	call(t, http.MethodPost, base+"/api/sql", "alice-token", console("SELECT 1")).problemOf(t, http.StatusTooManyRequests, "too-many-heavy-requests")
 	// A throttled username, and an upload over the limit let through in
 	// dry run.
@@ -55,7 +43,7 @@ func TestLimitsPageInBrowser(t *testing.T) {
 	}
 
 	b := browser(t)
-	err = chromedp.Do(b,
+	err := chromedp.Do(b,
 		chromedp.Navigate(base+"/limits"),
 		chromedp.WaitVisible(`#token`),
 		chromedp.SendKeys(`#token`, "alice-token"),

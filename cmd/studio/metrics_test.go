@@ -49,6 +49,24 @@ func tokenID(t *testing.T, pool *pgxpool.Pool, user string) string {
 	return strconv.FormatInt(id, 10)
 }
 
+// holdPermit holds user's permit on the heavy endpoint name until the test
+// ends, through pglimit's public API on the service's database, as another
+// replica (named replica) would.
+func holdPermit(t *testing.T, pool *pgxpool.Pool, name, user string, installationCap int, replica string) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := heavy.New(pool, heavy.Options{Name: name, Key: func(*http.Request) (string, bool) { return "", false },
+		Limit: 1, InstallationLimit: installationCap, Replica: replica})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Acquire(ctx, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Release(ctx) })
+}
+
 // refuseEveryLimit makes, against one replica, one refusal of each of the
 // service's ten limits and a known number of grants. To make the refusals
 // without waiting for anything, the test holds what the service counts
@@ -60,16 +78,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t, dbURL, 4)
 	for _, h := range heavyNames {
-		l, err := heavy.New(pool, heavy.Options{Name: h.name, Key: func(*http.Request) (string, bool) { return "", false },
-			Limit: 1, InstallationLimit: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Acquire(ctx, "alice")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Release(ctx) })
+		holdPermit(t, pool, h.name, "alice", 10, "")
 	}
 	rate, err := ratelimit.New(pool, ratelimit.Options{Name: "api", Key: func(*http.Request) (string, bool) { return "", false },
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour, Burst: 20}}})

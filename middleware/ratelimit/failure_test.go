@@ -135,10 +135,10 @@ func TestFailClosed(t *testing.T) {
 	if a := get(t, h, "t"); a.status != http.StatusOK {
 		t.Fatalf("up again: %d %v", a.status, a.body)
 	}
-	if n := logs.count("cannot be reached"); n != 1 {
+	if n := logs.Count("cannot be reached"); n != 1 {
 		t.Errorf("%d incident lines, want 1:\n%s", n, logs)
 	}
-	if n := logs.count("succeed again"); n != 1 || logs.count("failed_requests=10") != 1 {
+	if n := logs.Count("succeed again"); n != 1 || logs.Count("failed_requests=10") != 1 {
 		t.Errorf("recovery lines:\n%s", logs)
 	}
 	want := map[string]int64{
@@ -181,7 +181,7 @@ func TestFailOpen(t *testing.T) {
 			t.Fatalf("up again after %s: %d: the rate of 1/h was spent before", mode, a.status)
 		}
 	}
-	if n := logs.count("fail open"); n != 2 {
+	if n := logs.Count("fail open"); n != 2 {
 		t.Errorf("%d incident lines for two incidents:\n%s", n, logs)
 	}
 	want := map[string]int64{

@@ -1,7 +1,6 @@
 package ratelimit_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,25 +36,8 @@ func tokenID(r *http.Request) (string, bool) {
 }
 
 // logBuffer is a slog handler's output the test can read while the limiter
-// writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) count(s string) int { return strings.Count(l.String(), s) }
+// writes to it.
+type logBuffer = observetest.Logs
 
 func newLimiter(t testing.TB, pool *pgxpool.Pool, opts ratelimit.Options) *ratelimit.Limiter {
 	t.Helper()
@@ -318,7 +299,7 @@ func TestPolicyFunc(t *testing.T) {
 	if a.status != http.StatusInternalServerError || strings.Contains(a.body["detail"].(string), "bad name") {
 		t.Errorf("invalid policy: %d %v", a.status, a.body)
 	}
-	if logs.count("PolicyFunc") != 1 {
+	if logs.Count("PolicyFunc") != 1 {
 		t.Errorf("the invalid policy is logged once: %q", logs.String())
 	}
 }
@@ -418,7 +399,7 @@ func TestDryRun(t *testing.T) {
 	if diff := cmp.Diff(want, decisions(t, reader)); diff != "" {
 		t.Errorf("decisions (-want +got):\n%s", diff)
 	}
-	if logs.count("dry run: would refuse") != 1 || logs.count("id-of-t") != 1 {
+	if logs.Count("dry run: would refuse") != 1 || logs.Count("id-of-t") != 1 {
 		t.Errorf("dry-run log (one line a second): %q", logs.String())
 	}
 	observetest.WaitRefusals(t, pool, map[string]int64{"api dry-run": 4})
