@@ -98,8 +98,8 @@ type Limit struct {
 	log       *slog.Logger
 	decisions metric.Int64Counter
 	durations metric.Float64Histogram
-	outcomes  map[outcomeScope]metric.AddOption
-	ops       map[string]metric.RecordOption
+	outcomes  map[outcomeScope][]metric.AddOption // made once: a call allocates nothing for them
+	ops       map[string][]metric.RecordOption
 	refusals  *minuteCounter
 	dryLog    Sampled
 }
@@ -119,7 +119,7 @@ func New(o Options) (*Limit, error) {
 	}
 	meter := o.MeterProvider.Meter(MeterName)
 	l := &Limit{name: o.Name, dryRun: o.DryRun, log: o.Logger,
-		outcomes: map[outcomeScope]metric.AddOption{}, ops: map[string]metric.RecordOption{}}
+		outcomes: map[outcomeScope][]metric.AddOption{}, ops: map[string][]metric.RecordOption{}}
 	var err error
 	if l.decisions, err = meter.Int64Counter(MetricDecisions,
 		metric.WithDescription("Decisions of pglimit's limits, by limit, outcome and kind of scope."),
@@ -133,11 +133,11 @@ func New(o Options) (*Limit, error) {
 	}
 	for _, scope := range o.Scopes {
 		for _, outcome := range []string{Granted, Refused, DryRunRefused, Error} {
-			l.outcomes[outcomeScope{outcome, scope}] = l.outcomeOption(outcome, scope)
+			l.outcomes[outcomeScope{outcome, scope}] = []metric.AddOption{l.outcomeOption(outcome, scope)}
 		}
 	}
 	for _, op := range []string{Claim, Release, Check, Record} {
-		l.ops[op] = metric.WithAttributeSet(attribute.NewSet(attribute.String("limit", o.Name), attribute.String("op", op)))
+		l.ops[op] = []metric.RecordOption{l.opOption(op)}
 	}
 	if o.DB != nil {
 		if o.Timeout <= 0 {
@@ -147,6 +147,10 @@ func New(o Options) (*Limit, error) {
 			spacing: flushSpacing, log: o.Logger}
 	}
 	return l, nil
+}
+
+func (l *Limit) opOption(op string) metric.RecordOption {
+	return metric.WithAttributeSet(attribute.NewSet(attribute.String("limit", l.name), attribute.String("op", op)))
 }
 
 func (l *Limit) outcomeOption(outcome, scope string) metric.AddOption {
@@ -163,21 +167,22 @@ func (l *Limit) Name() string { return l.name }
 // DryRun reports whether the limit refuses nobody.
 func (l *Limit) DryRun() bool { return l.dryRun }
 
-// Took records the database work op that began at start.
+// Took records the database work op that began at start. (A measurement
+// is recorded whatever ctx's state: the SDK reads ctx only for exemplars.)
 func (l *Limit) Took(ctx context.Context, op string, start time.Time) {
-	opt, ok := l.ops[op]
+	opts, ok := l.ops[op]
 	if !ok {
-		opt = metric.WithAttributeSet(attribute.NewSet(attribute.String("limit", l.name), attribute.String("op", op)))
+		opts = []metric.RecordOption{l.opOption(op)}
 	}
-	l.durations.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), opt)
+	l.durations.Record(ctx, time.Since(start).Seconds(), opts...)
 }
 
 func (l *Limit) count(ctx context.Context, outcome, scope string) {
-	opt, ok := l.outcomes[outcomeScope{outcome, scope}]
+	opts, ok := l.outcomes[outcomeScope{outcome, scope}]
 	if !ok {
-		opt = l.outcomeOption(outcome, scope)
+		opts = []metric.AddOption{l.outcomeOption(outcome, scope)}
 	}
-	l.decisions.Add(context.WithoutCancel(ctx), 1, opt)
+	l.decisions.Add(ctx, 1, opts...)
 }
 
 // Granted counts a granted decision in scope.
