@@ -37,7 +37,7 @@ func TestReport(t *testing.T) {
 		"| *one-row upsert (floor)* | 1 |", "| rate limit decision | 4 |", "| rate limit, two policies | 1 |",
 		"## The rate limit beside redis_rate", "| path | p50, 1 client(s) | ÷ redis_rate | ÷ SELECT 1 | ÷ upsert | ops/s, 4 clients |",
 		"| 0 | 1 |", "| 10,000 | 4 |", // page depths that fit in 12,000 rows
-		"| heavy: unidentified (passes) |", "| inflight: unidentified (passes) |", "| signin: unidentified (passes) |", "| cursor: parse + next |",
+		"| heavy: unidentified (passes) |", "| inflight: unidentified (passes) |", "| signin: unidentified (400) |", "| cursor: parse + next |",
 		"![p50 and p99 latency", "(docs/bench.svg)", "**Machine:**",
 	} {
 		if !strings.Contains(string(md), want) {

@@ -162,10 +162,10 @@ func NoDBCases() ([]AllocCase, func(), error) {
 				heavy.WriteError(w, get, limitErr)
 				expect(w, http.StatusTooManyRequests)
 			}},
-		{Name: "signin: unidentified (passes)", What: "signin.Limiter.Handler, JSON body without a username: body buffered, key read, passes to next uncounted",
+		{Name: "signin: unidentified (400)", What: "signin.Limiter.Handler, JSON body without a username: body buffered, key read, refused 400 invalid-sign-in-request (no password checked uncounted)",
 			Run: func() {
 				_, _ = noName.Seek(0, io.SeekStart)
-				serve(signinH, post, http.StatusOK)()
+				serve(signinH, post, http.StatusBadRequest)()
 			}},
 		{Name: "upload: unidentified (passes)", What: "upload.Limiter.Handler, request without an identity: passes to next uncounted", Run: serve(uploadH, get, http.StatusOK)},
 		{Name: "inflight: unidentified (passes)", What: "inflight.Limiter.Handler, request without a token identity: passes to next uncounted", Run: serve(flightH, get, http.StatusOK)},
