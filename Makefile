@@ -72,6 +72,10 @@ lint: ## go vet and staticcheck
 loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an independent observer (LOADCHECK_ARGS=-duration 10s ...)
 	$(GO) run ./cmd/loadcheck $(LOADCHECK_ARGS)
 
+.PHONY: scalecheck
+scalecheck: ## what one PostgreSQL core sustains and 10 min of churn of the limit tables, written to docs/scaling.md and docs/scaling-churn.svg (SCALE_ARGS=-duration 1m ...)
+	$(GO) run ./cmd/scalecheck -out docs/scaling.md -svg docs/scaling-churn.svg $(SCALE_ARGS)
+
 BENCHTIME  ?= 100ms
 BENCH_ARGS ?=
 .PHONY: bench

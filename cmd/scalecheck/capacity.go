@@ -1,0 +1,129 @@
+package main
+
+import "time"
+
+// Assumptions turn operations into requests, users and replicas. They are
+// stated in the report beside the figures, so a reader can redo the
+// arithmetic with their own.
+type Assumptions struct {
+	// UserRate is the requests per second of one active user.
+	UserRate float64
+	// HeavyShare is the share of requests that are heavy (an export, a
+	// history page, the SQL console).
+	HeavyShare float64
+	// SignInsPerHour is one user's sign-ins per hour, FailedShare the share
+	// of them that fail.
+	SignInsPerHour, FailedShare float64
+	// UploadsPerHour is one user's uploads per hour.
+	UploadsPerHour float64
+	// ReplicaRate is the requests per second one replica serves.
+	ReplicaRate float64
+	// Headroom is the share of a core to plan for (a database run at its
+	// last cycle answers late).
+	Headroom float64
+}
+
+// DefaultAssumptions are those of the report.
+var DefaultAssumptions = Assumptions{
+	UserRate: 0.1, HeavyShare: 0.01,
+	SignInsPerHour: 1, FailedShare: 0.1, UploadsPerHour: 0.1,
+	ReplicaRate: 200, Headroom: 0.5,
+}
+
+// Part is one term of a request's cost.
+type Part struct {
+	What string
+	// PerRequest is how many of the operation one request makes.
+	PerRequest float64
+	// Server and Client are the CPU one operation costs the database and
+	// the replica.
+	Server, Client time.Duration
+}
+
+// ServerPerRequest is the part's server CPU per request.
+func (p Part) ServerPerRequest() time.Duration {
+	return time.Duration(p.PerRequest * float64(p.Server))
+}
+
+// ClientPerRequest is the part's replica CPU per request.
+func (p Part) ClientPerRequest() time.Duration {
+	return time.Duration(p.PerRequest * float64(p.Client))
+}
+
+// Capacity is what one core of PostgreSQL sustains under the assumptions.
+type Capacity struct {
+	Assumptions
+	Parts []Part
+	// Server and Client are the CPU of one request's limits.
+	Server, Client time.Duration
+	// Requests is requests per core-second; Users the active users and
+	// Replicas the replicas one core serves at Headroom.
+	Requests, Users, Replicas float64
+	// RequestsNoInflight is Requests for a service that limits the rate of
+	// every request but caps no token's requests in flight.
+	RequestsNoInflight float64
+}
+
+// worst returns the costliest measurement of an operation (of every number
+// of clients): the conservative figure.
+func (r *Report) worst(name string) OpResult {
+	var w OpResult
+	for _, o := range r.Ops {
+		if o.Name == name && o.ServerCPU() > 0 && o.ServerPerOp() > w.ServerPerOp() {
+			w = o
+		}
+	}
+	return w
+}
+
+// Capacity computes the requests, users and replicas one core serves.
+func (r *Report) Capacity(a Assumptions) Capacity {
+	c := Capacity{Assumptions: a}
+	perUserHour := 3600 * a.UserRate // requests of a user in an hour
+	add := func(what, op string, perRequest float64) {
+		o := r.worst(op)
+		c.Parts = append(c.Parts, Part{What: what, PerRequest: perRequest, Server: o.ServerPerOp(), Client: o.ClientPerOp()})
+	}
+	add("every request: its token's in-flight slot", OpInflight, 1)
+	add("every request: its token's rate", OpRate, 1)
+	add("heavy requests: their permits", OpHeavy, a.HeavyShare)
+	add("sign-ins that succeed: the check", OpCheck, a.SignInsPerHour*(1-a.FailedShare)/perUserHour)
+	add("sign-ins that fail: check and record", OpFailure, a.SignInsPerHour*a.FailedShare/perUserHour)
+	add("uploads: the window's slot", OpUpload, a.UploadsPerHour/perUserHour)
+	var noInflight time.Duration
+	for i, p := range c.Parts {
+		c.Server += p.ServerPerRequest()
+		c.Client += p.ClientPerRequest()
+		if i != 0 {
+			noInflight += p.ServerPerRequest()
+		}
+	}
+	if c.Server > 0 {
+		c.Requests = float64(time.Second) / float64(c.Server)
+		c.Users = c.Requests * a.Headroom / a.UserRate
+		c.Replicas = c.Requests * a.Headroom / a.ReplicaRate
+	}
+	if noInflight > 0 {
+		c.RequestsNoInflight = float64(time.Second) / float64(noInflight)
+	}
+	return c
+}
+
+// CoresAt is the share of a core the limits take at rps requests per
+// second.
+func (c Capacity) CoresAt(rps float64) float64 { return rps * c.Server.Seconds() }
+
+// Worst is the costliest measurement of an operation, in server CPU per
+// operation: the figure the capacity rests on.
+func (r *Report) Worst(name string) OpResult { return r.worst(name) }
+
+// BusyConnections is how many connections of a replica's pool the limits
+// keep busy at rps requests per second: each request's in-flight claim and
+// release and its rate decision, at their single-client latency (Little's
+// law: busy connections = arrival rate × time each holds one).
+func (r *Report) BusyConnections(rps float64) float64 {
+	lowest := r.Clients[0]
+	inflight, _ := r.Op(OpInflight, lowest)
+	rate, _ := r.Op(OpRate, lowest)
+	return rps * (inflight.P50 + rate.P50).Seconds()
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Report is everything one run measured.
+type Report struct {
+	Config
+	Started time.Time
+	Wall    time.Duration
+	// CPUs is the machine's; LoadStart and LoadEnd its load averages.
+	CPUs               int
+	LoadStart, LoadEnd string
+	Server, Version    string
+	CPUSource          string
+	Ops                []OpResult
+	Churn              *Churn
+	Errors             map[string]string
+}
+
+// Op returns the result of the operation name at the given clients.
+func (r *Report) Op(name string, clients int) (OpResult, bool) {
+	for _, o := range r.Ops {
+		if o.Name == name && o.Clients == clients {
+			return o, true
+		}
+	}
+	return OpResult{}, false
+}
+
+// Problems lists what went wrong: failed or refused operations, limit
+// tables holding more rows than the slots in use, rows left after the
+// windows lapsed and housekeeping swept.
+func (r *Report) Problems() []string {
+	var out []string
+	for _, o := range r.Ops {
+		if o.Errors > 0 {
+			out = append(out, fmt.Sprintf("%s at %d clients: %d operations failed (first: %s)", o.Name, o.Clients, o.Errors, r.Errors[o.Name]))
+		}
+		if o.Refused > 0 {
+			out = append(out, fmt.Sprintf("%s at %d clients: %d operations refused, where each client's own key should never reach its limit", o.Name, o.Clients, o.Refused))
+		}
+		if o.Ops == 0 {
+			out = append(out, fmt.Sprintf("%s at %d clients: no operation completed", o.Name, o.Clients))
+		}
+	}
+	if c := r.Churn; c != nil {
+		if c.Errors > 0 {
+			var ops []string
+			for op := range r.Errors {
+				ops = append(ops, op)
+			}
+			sort.Strings(ops)
+			first := ""
+			if len(ops) > 0 {
+				first = ops[0] + ": " + r.Errors[ops[0]]
+			}
+			out = append(out, fmt.Sprintf("churn: %d operations failed (%s)", c.Errors, first))
+		}
+		for _, s := range c.Samples {
+			// Each worker holds at most one heavy permit (a slot of its
+			// user and one of the installation) or one in-flight slot.
+			if t, _ := s.Table("heavy_permit"); t.Rows > int64(2*r.Workers) {
+				out = append(out, fmt.Sprintf("churn at %v: heavy_permit holds %d rows, more than the %d slots %d workers can hold", s.At.Round(time.Second), t.Rows, 2*r.Workers, r.Workers))
+			}
+			if t, _ := s.Table("request_in_flight"); t.Rows > int64(r.Workers) {
+				out = append(out, fmt.Sprintf("churn at %v: request_in_flight holds %d rows, more than the %d slots the workers can hold", s.At.Round(time.Second), t.Rows, r.Workers))
+			}
+			if !s.Final {
+				continue
+			}
+			for _, t := range s.Tables {
+				// refusal_minute keeps its rows an hour after their minute.
+				if t.Name != "refusal_minute" && t.Rows > 0 {
+					out = append(out, fmt.Sprintf("after the churn, its windows and a sweep: %s still holds %d rows", t.Name, t.Rows))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// kB formats a size in bytes.
+func kB(b int64) string {
+	switch {
+	case b >= 10<<20:
+		return fmt.Sprintf("%.0f MB", float64(b)/(1<<20))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MB", float64(b)/(1<<20))
+	default:
+		return fmt.Sprintf("%d kB", b>>10)
+	}
+}

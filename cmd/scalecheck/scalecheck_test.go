@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglimit/pglimit/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestShortRun runs the whole command for a few seconds against a test
+// database, so that it cannot rot: every operation completes without an
+// error or a refusal, the server's CPU is counted, every limit table's size
+// is sampled, the tables never hold more permit rows than the loops can
+// hold slots, and after the windows lapse and one sweep they hold none.
+// Nothing here judges a time.
+func TestShortRun(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.DatabaseURL = pgtest.URL(t, pgtest.Limits())
+	cfg.Clients = []int{1, 3}
+	cfg.OpDuration = 300 * time.Millisecond
+	cfg.Duration, cfg.Sample = 3*time.Second, time.Second
+	cfg.Rate, cfg.Workers = 200, 8
+	cfg.Window, cfg.Housekeeping = time.Second, 500*time.Millisecond
+	cfg.Out, cfg.SVG = filepath.Join(dir, "scaling.md"), filepath.Join(dir, "churn.svg")
+
+	var progress bytes.Buffer
+	rep, err := Measure(context.Background(), cfg, &progress)
+	if errors.Is(err, errNoProc) {
+		t.Skipf("the server's processes are not visible here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Measure: %v\nprogress:\n%s", err, progress.String())
+	}
+	if problems := rep.Problems(); len(problems) > 0 {
+		t.Errorf("problems:\n%s", strings.Join(problems, "\n"))
+	}
+
+	if got, want := len(rep.Ops), len(Operations)*len(cfg.Clients); got != want {
+		t.Fatalf("%d results, want %d (every operation at every number of clients)", got, want)
+	}
+	var cpu time.Duration
+	for _, o := range rep.Ops {
+		if o.Ops == 0 || o.Errors != 0 || o.Refused != 0 {
+			t.Errorf("%s at %d clients: %d operations, %d errors, %d refused; want some, none, none", o.Name, o.Clients, o.Ops, o.Errors, o.Refused)
+		}
+		if o.Replicas != min(o.Clients, cfg.Replicas) {
+			t.Errorf("%s at %d clients: spread over %d replicas, want %d", o.Name, o.Clients, o.Replicas, min(o.Clients, cfg.Replicas))
+		}
+		cpu += o.ServerCPU()
+	}
+	if cpu <= 0 {
+		t.Errorf("no server CPU counted over %d operations", len(rep.Ops))
+	}
+
+	c := rep.Churn
+	if c == nil {
+		t.Fatal("no churn in the report")
+	}
+	if c.Ops == 0 || c.Errors != 0 {
+		t.Errorf("churn: %d operations, %d errors; want some and none", c.Ops, c.Errors)
+	}
+	load := c.Load()
+	if len(load) < 2 {
+		t.Fatalf("churn: %d samples under load, want at least 2", len(load))
+	}
+	for _, s := range c.Samples {
+		if len(s.Tables) != len(limitTables) {
+			t.Fatalf("sample at %v: %d tables, want %d", s.At, len(s.Tables), len(limitTables))
+		}
+		for _, tb := range s.Tables {
+			if tb.TotalBytes <= 0 || tb.TotalBytes < tb.TableBytes+tb.IndexBytes {
+				t.Errorf("sample at %v: %s sizes table %d, indexes %d, total %d", s.At, tb.Name, tb.TableBytes, tb.IndexBytes, tb.TotalBytes)
+			}
+		}
+		heavy, _ := s.Table("heavy_permit")
+		flight, _ := s.Table("request_in_flight")
+		if heavy.Rows > int64(2*cfg.Workers) || flight.Rows > int64(cfg.Workers) {
+			t.Errorf("sample at %v: heavy_permit %d rows, request_in_flight %d rows; the %d loops hold at most %d and %d", s.At, heavy.Rows, flight.Rows, cfg.Workers, 2*cfg.Workers, cfg.Workers)
+		}
+	}
+	final := c.Final()
+	if !final.Final {
+		t.Fatal("no sample after the sweep")
+	}
+	for _, tb := range final.Tables {
+		if tb.Name != "refusal_minute" && tb.Rows != 0 {
+			t.Errorf("after the windows and a sweep, %s holds %d rows, want 0", tb.Name, tb.Rows)
+		}
+	}
+	// Rows were written during the churn: the emptiness after the sweep is
+	// housekeeping's and the releases' doing, not a load that wrote nothing.
+	for _, s := range c.Summaries() {
+		switch s.Name {
+		case "upload_window", "login_attempt", "api_request_window":
+			if s.MaxRows == 0 {
+				t.Errorf("%s never held a row during the churn", s.Name)
+			}
+		}
+	}
+
+	var md bytes.Buffer
+	if err := rep.Markdown(&md); err != nil {
+		t.Fatalf("Markdown: %v", err)
+	}
+	for _, want := range append([]string{"## 1. What one PostgreSQL core sustains", "## 2. The limit tables over a long run",
+		"## 3. A dedicated limits database", "## 4. Beyond one primary", "churn.svg", "no value>"}, Operations...) {
+		if want == "no value>" {
+			if strings.Contains(md.String(), want) {
+				t.Errorf("the report holds a missing value (%q)", want)
+			}
+			continue
+		}
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if svg := rep.Chart(); !strings.Contains(svg, "<polyline") || !strings.HasSuffix(svg, "</svg>\n") {
+		t.Errorf("the chart has no line, or is not closed:\n%.300s", svg)
+	}
+}
+
+// TestProblems: the checks that fail the command see leftover rows, rows
+// over what the loops can hold, failures and refusals.
+func TestProblems(t *testing.T) {
+	tables := func(heavy, flight, upload int64) []TableSample {
+		var out []TableSample
+		for _, n := range limitTables {
+			ts := TableSample{Name: n, TotalBytes: 8192}
+			switch n {
+			case "heavy_permit":
+				ts.Rows = heavy
+			case "request_in_flight":
+				ts.Rows = flight
+			case "upload_window":
+				ts.Rows = upload
+			case "refusal_minute":
+				ts.Rows = 3 // kept an hour: never a problem
+			}
+			out = append(out, ts)
+		}
+		return out
+	}
+	ok := OpResult{Name: OpHeavy, Clients: 1, Ops: 10}
+	for _, tc := range []struct {
+		name    string
+		ops     []OpResult
+		samples []Sample
+		want    string
+	}{
+		{"clean", []OpResult{ok}, []Sample{{Tables: tables(4, 2, 9)}, {Final: true, Tables: tables(0, 0, 0)}}, ""},
+		{"errors", []OpResult{{Name: OpRate, Clients: 1, Ops: 5, Errors: 1}}, nil, "operations failed"},
+		{"refusals", []OpResult{{Name: OpRate, Clients: 1, Ops: 5, Refused: 2}}, nil, "refused"},
+		{"nothing done", []OpResult{{Name: OpRate, Clients: 1}}, nil, "no operation completed"},
+		{"heavy rows over the loops", []OpResult{ok}, []Sample{{Tables: tables(9, 0, 0)}}, "heavy_permit holds 9 rows"},
+		{"in-flight rows over the loops", []OpResult{ok}, []Sample{{Tables: tables(0, 5, 0)}}, "request_in_flight holds 5 rows"},
+		{"left after the sweep", []OpResult{ok}, []Sample{{Final: true, Tables: tables(0, 0, 1)}}, "upload_window still holds 1 rows"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Report{Config: Config{Workers: 4}, Ops: tc.ops, Errors: map[string]string{}}
+			if tc.samples != nil {
+				r.Churn = &Churn{Samples: tc.samples}
+			}
+			got := strings.Join(r.Problems(), "\n")
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("Problems() = %q, want one containing %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestFlags: bad flags are refused before anything starts (exit 2).
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-clients", "0"},
+		{"-clients", "1,x"},
+		{"-replicas", "0"},
+		{"-rate", "0"},
+		{"-workers", "0"},
+		{"-op-duration", "1ms"},
+		{"-window", "10ms"},
+		{"-duration", "2s", "-sample", "3s"},
+		{"-duration", "-1s"},
+		{"extra"},
+		{"-no-such-flag"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, err := run(context.Background(), args, io.Discard, io.Discard)
+			if code != 2 || err == nil {
+				t.Errorf("run(%q) = %d, %v; want 2 and an error", args, code, err)
+			}
+		})
+	}
+}
+
+// TestReadProc reads this process's own /proc entry.
+func TestReadProc(t *testing.T) {
+	p, err := readProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ppid != os.Getppid() {
+		t.Errorf("ppid %d, want %d", p.ppid, os.Getppid())
+	}
+	// Burn some CPU so the kernel has ticks to report.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for x := 0; time.Now().Before(deadline); x++ {
+		_ = x * x
+	}
+	if p2, _ := readProc(os.Getpid()); p2.own <= 0 {
+		t.Errorf("own CPU %v after running, want more than 0", p2.own)
+	}
+	if _, err := readProc(1 << 30); err == nil {
+		t.Error("readProc of a pid that does not exist: no error")
+	}
+}
