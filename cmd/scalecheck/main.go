@@ -117,7 +117,7 @@ func DefaultConfig() Config {
 		Clients: []int{1, 16}, Replicas: 2, PoolConns: 8,
 		OpDuration: 10 * time.Second,
 		Duration:   10 * time.Minute, Sample: 15 * time.Second,
-		Rate: 1000, Workers: 32,
+		Rate: 500, Workers: 32,
 		Window: time.Minute, Housekeeping: time.Minute,
 	}
 }

@@ -210,6 +210,14 @@ func (r *Report) Markdown(w io.Writer) error {
 			}
 			return n
 		},
+		"allPlateaued": func() bool {
+			for _, t := range r.Churn.Summaries() {
+				if !t.Plateaued() {
+					return false
+				}
+			}
+			return true
+		},
 		"totalAutovacuums": func() int64 {
 			var n int64
 			for _, t := range r.Churn.Summaries() {

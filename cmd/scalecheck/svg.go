@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -59,16 +60,34 @@ func (r *Report) Chart() string {
 			left+plotW+15, top+10+float64(i)*18, c, left+plotW+32, top+14+float64(i)*18, name)
 	}
 
-	// Panel 2: claim latency.
+	// Panel 2: claim latency, on a logarithmic axis of whole decades.
 	top2 := top + panelH + gap
-	var maxMS float64
+	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range load {
-		maxMS = math.Max(maxMS, math.Max(ms(s.HeavyP99), ms(s.InflightP99)))
+		for _, d := range []time.Duration{s.HeavyP50, s.HeavyP99, s.InflightP50, s.InflightP99} {
+			if d > 0 {
+				lo, hi = math.Min(lo, math.Log10(ms(d))), math.Max(hi, math.Log10(ms(d)))
+			}
+		}
 	}
-	maxMS = niceCeil(maxMS)
-	y2 := func(v float64) float64 { return top2 + panelH - panelH*v/maxMS }
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">Claim latency (Acquire) per sample interval, ms</text>`+"\n", left, top2-16)
-	axes(&b, left, top2, plotW, panelH, maxMS, end)
+	if math.IsInf(lo, 0) {
+		lo, hi = -1, 1
+	}
+	lo, hi = math.Floor(lo), math.Max(math.Ceil(hi), math.Floor(lo)+1)
+	y2 := func(v float64) float64 {
+		if v <= 0 {
+			return top2 + panelH
+		}
+		return top2 + panelH - panelH*(math.Log10(v)-lo)/(hi-lo)
+	}
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">Claim latency (Acquire) per sample interval, ms, log scale</text>`+"\n", left, top2-16)
+	fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#999"/>`+"\n", left, top2, plotW, panelH)
+	for d := lo; d <= hi; d++ {
+		yy := y2(math.Pow(10, d))
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#e5e5e5"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
+			left, left+plotW, yy, yy, left-6, yy+4, trimFloat(math.Pow(10, d)))
+	}
+	xTicks(&b, left, top2, plotW, panelH, end)
 	series := []struct {
 		name  string
 		value func(Sample) time.Duration
@@ -106,6 +125,11 @@ func axes(b *strings.Builder, left, top, w, h, maxY, end float64) {
 		fmt.Fprintf(b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#e5e5e5"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
 			left, left+w, y, y, left-6, y+4, trimFloat(v))
 	}
+	xTicks(b, left, top, w, h, end)
+}
+
+// xTicks draws a panel's time axis in seconds.
+func xTicks(b *strings.Builder, left, top, w, h, end float64) {
 	step := niceCeil(end / 8)
 	for s := 0.0; s <= end+1e-9; s += step {
 		xx := left + w*s/end
@@ -128,9 +152,4 @@ func niceCeil(v float64) float64 {
 	return 10 * p
 }
 
-func trimFloat(v float64) string {
-	if v == math.Trunc(v) {
-		return fmt.Sprintf("%.0f", v)
-	}
-	return fmt.Sprintf("%.2g", v)
-}
+func trimFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }

@@ -235,7 +235,9 @@ func (e *env) opFunc(name string, l *limiters, phase string, c int) func(context
 		// A user's 1st to 5th upload of the window, then the next user.
 		return func(ctx context.Context, i int) error { return l.uploadOp(ctx, fmt.Sprintf("%s-%d", key, (i+1)/5)) }
 	case OpRate:
-		return func(ctx context.Context, _ int) error { return l.rateOp(ctx, key) }
+		// Four keys in turn: one client decides faster than a policy's
+		// most (pglimit.MaxLimit a second) allows one key.
+		return func(ctx context.Context, i int) error { return l.rateOp(ctx, fmt.Sprintf("%s-%d", key, (i+4)%4)) }
 	}
 	panic("scalecheck: unknown operation " + name)
 }
