@@ -170,6 +170,113 @@ func (q *Queries) SlotClaim(ctx context.Context, db DBTX, arg *SlotClaimParams) 
 	return items, nil
 }
 
+const slotClaimOne = `-- name: SlotClaimOne :many
+WITH want AS MATERIALIZED (
+    SELECT w.pos, w.scope, w.cap, l.live, l.first_lapse,
+           CASE WHEN l.live < w.cap THEN (
+               SELECT g.slot
+               FROM generate_series(1, w.cap) AS g(slot)
+               WHERE NOT EXISTS (
+                   SELECT FROM pglimit.slot AS s
+                   WHERE s.kind = $1::text AND s.scope = w.scope AND s.slot = g.slot AND s.expires_at > now())
+               ORDER BY g.slot
+               LIMIT 1)
+           END AS free
+    FROM (SELECT i AS pos, ($2::text[])[i] AS scope, ($3::int[])[i] AS cap
+          FROM generate_subscripts($2::text[], 1) AS i) AS w
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS live, min(s.expires_at) AS first_lapse
+        FROM pglimit.slot AS s
+        WHERE s.kind = $1::text AND s.scope = w.scope AND s.expires_at > now()
+    ) AS l
+),
+granted AS (
+    INSERT INTO pglimit.slot AS s (kind, scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+    SELECT $1::text, w.scope, w.free, ($4::text)::uuid, $5::text, $6::text, $7::text, now(),
+           now() + interval '1 millisecond' * $8::bigint
+    FROM want AS w
+    WHERE NOT EXISTS (SELECT FROM want AS x WHERE x.free IS NULL)
+    ON CONFLICT (kind, scope, slot) DO UPDATE
+        SET lease_id = excluded.lease_id, holder = excluded.holder,
+            endpoint = excluded.endpoint, replica = excluded.replica,
+            claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+        WHERE s.expires_at <= now()
+    RETURNING s.scope, s.slot
+)
+SELECT w.pos::int AS pos, coalesce(g.slot, 0)::int AS granted_slot, w.live::int AS live, w.cap::int AS cap,
+       coalesce(ceil(extract(epoch FROM w.first_lapse - now()) * 1000), 0)::bigint AS first_lapse_ms
+FROM want AS w
+LEFT JOIN granted AS g ON g.scope = w.scope
+ORDER BY w.pos
+`
+
+type SlotClaimOneParams struct {
+	Kind     string
+	Scopes   []string
+	Caps     []int32
+	LeaseID  string
+	Holder   string
+	Endpoint string
+	Replica  string
+	LeaseMs  int64
+}
+
+type SlotClaimOneRow struct {
+	Pos          int32
+	GrantedSlot  int32
+	Live         int32
+	Cap          int32
+	FirstLapseMs int64
+}
+
+// The claim of a batch that carries only one (a lone caller, the common
+// case): the same decision as SlotClaim, for one claim, in the few small
+// steps one claim needs instead of SlotClaim's ranking of many. For each
+// scope, in the claim's order: its live slots (a range of the primary
+// key), and, when they are fewer than its cap, the lowest slot of 1..cap
+// that no live row holds (a probe of the primary key per slot, stopping at
+// the first free one; a lapsed row counts as free, and the INSERT replaces
+// it in place). The rows go in only when every scope has a free slot, so a
+// claim takes all of its scopes or none; under SlotLockScopes nobody else
+// takes a slot of these scopes meanwhile. A cap lowered below the live
+// slots takes nothing until enough lapse. Each scope comes back with its
+// granted slot (0: none), its live slots, its cap, and the milliseconds
+// until the first of them lapses (0 if none).
+func (q *Queries) SlotClaimOne(ctx context.Context, db DBTX, arg *SlotClaimOneParams) ([]*SlotClaimOneRow, error) {
+	rows, err := db.Query(ctx, slotClaimOne,
+		arg.Kind,
+		arg.Scopes,
+		arg.Caps,
+		arg.LeaseID,
+		arg.Holder,
+		arg.Endpoint,
+		arg.Replica,
+		arg.LeaseMs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*SlotClaimOneRow
+	for rows.Next() {
+		var i SlotClaimOneRow
+		if err := rows.Scan(
+			&i.Pos,
+			&i.GrantedSlot,
+			&i.Live,
+			&i.Cap,
+			&i.FirstLapseMs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const slotDeleteLapsed = `-- name: SlotDeleteLapsed :many
 WITH gone AS (
     DELETE FROM pglimit.slot
@@ -193,9 +300,11 @@ type SlotDeleteLapsedRow struct {
 	Deleted int64
 }
 
-// Housekeeping: deletes at most @batch lapsed slots of every kind at once
-// and counts them by kind (the kind is its partition's name). SKIP LOCKED
-// leaves rows a claimer is replacing right now to that claimer.
+// Housekeeping: deletes at most @batch lapsed slots (released or run out)
+// of every kind at once and counts them by kind. SKIP LOCKED leaves rows a
+// claimer is replacing right now to that claimer. There is no index on
+// expires_at (so that claims and releases are HOT updates): this reads the
+// table, which holds the live slots and the lapsed ones not yet swept.
 func (q *Queries) SlotDeleteLapsed(ctx context.Context, db DBTX, batch int32) ([]*SlotDeleteLapsedRow, error) {
 	rows, err := db.Query(ctx, slotDeleteLapsed, batch)
 	if err != nil {
@@ -263,7 +372,6 @@ func (q *Queries) SlotList(ctx context.Context, db DBTX, kind string) ([]*SlotLi
 }
 
 const slotLockScopes = `-- name: SlotLockScopes :exec
-
 SELECT set_config('jit', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true),
        pg_advisory_xact_lock(1196, k.key)
@@ -279,18 +387,6 @@ type SlotLockScopesParams struct {
 	Scopes []string
 }
 
-// Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
-// in-flight cap and the upload window are all rows of pglimit.slot, one
-// partition per kind (heavy_permit, request_in_flight, upload_window). The
-// permit package runs these statements with the kind as a parameter, so
-// each is written once for every kind. A claim is one round trip: a pgx
-// Batch of SlotLockScopes and SlotClaim (and the SlotRelease of releases
-// that arrived with it), one implicit transaction.
-//
-// Claims are combined: the claims (and releases) that one replica's callers
-// make while its previous batch is in flight travel together in the next
-// one, as databases commit their log for many transactions at once. A
-// batch of n claims costs one lock statement, one claim and one commit.
 // Serialises claimers of the same scopes until their transaction ends. It
 // runs before SlotClaim in the same batch, so the claim's snapshot is taken
 // after the lock and sees every slot committed by the claimer before it.
@@ -312,27 +408,74 @@ func (q *Queries) SlotLockScopes(ctx context.Context, db DBTX, arg *SlotLockScop
 }
 
 const slotRelease = `-- name: SlotRelease :execrows
-DELETE FROM pglimit.slot AS s
-USING generate_subscripts($1::text[], 1) AS i
-WHERE s.kind = $2::text
-  AND s.scope = ($1::text[])[i]
-  AND s.lease_id = ($3::text[])[i]::uuid
+UPDATE pglimit.slot AS s
+SET expires_at = now()
+WHERE s.kind = $1::text
+  AND s.scope = ANY($2::text[])
+  AND s.lease_id = ANY(($3::text[])::uuid[])
+  AND s.expires_at > now()
 `
 
 type SlotReleaseParams struct {
-	Scopes   []string
 	Kind     string
+	Scopes   []string
 	LeaseIds []string
 }
 
-// Releases every slot of a batch of leases in one statement: one row per
-// (scope, lease) given back. The lease id makes sure a holder whose slot
-// lapsed and was claimed again by someone else never deletes the new
-// holder's row.
+// Releases every slot of a batch of leases in one statement: each row is
+// marked lapsed (expires_at = now()), not deleted, so the next claim of the
+// slot replaces it in place and both statements are HOT updates (no index
+// entry written; see the migration 00004). The lease id makes sure a holder
+// whose slot lapsed and was claimed again by someone else never touches the
+// new holder's row. The scopes bound the search to the primary key's range
+// of each scope (a lease id alone has no index), so a release reads only
+// the rows of its own scopes however many other slots are held; a lease has
+// rows only in its own scopes, so matching any of the batch's scopes with
+// any of its leases releases exactly the batch's slots. (Lease ids travel
+// as text: pgx's simple protocol, which PgBouncer needs, cannot encode a
+// uuid array.)
 func (q *Queries) SlotRelease(ctx context.Context, db DBTX, arg *SlotReleaseParams) (int64, error) {
-	result, err := db.Exec(ctx, slotRelease, arg.Scopes, arg.Kind, arg.LeaseIds)
+	result, err := db.Exec(ctx, slotRelease, arg.Kind, arg.Scopes, arg.LeaseIds)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const slotSettings = `-- name: SlotSettings :exec
+
+SELECT set_config('jit', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true)
+`
+
+// Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
+// in-flight cap and the upload window are all rows of pglimit.slot, told
+// apart by kind (operators read them through the views heavy_permit,
+// request_in_flight and upload_window). The permit package runs these
+// statements with the kind as a parameter, so each is written once for
+// every kind. One row per slot of a scope: a claim takes a free slot
+// number, a release marks the row lapsed, the next claim of that number
+// replaces it in place.
+//
+// A round trip is one pgx Batch, one implicit transaction: SlotLockScopes
+// (the scopes of its claims), SlotRelease (the releases queued with it),
+// then SlotClaimOne for one claim or SlotClaim for several; a batch of
+// releases alone is SlotSettings and SlotRelease. The locks come first so
+// that a batch never waits for a scope's lock while holding a row lock
+// another batch's claim needs.
+//
+// Claims and releases are combined: those that one replica's callers make
+// while its previous batch is in flight travel together in the next one,
+// as databases commit their log for many transactions at once. A batch of
+// n claims costs one lock statement, one claim and one commit. A release
+// does not keep its caller waiting: it leaves at once in a batch of its
+// own, or in the one about to leave.
+// Opens a batch that claims nothing (releases only) with the planner
+// settings SlotLockScopes opens the others with, for the rest of the
+// transaction: the generic plan, which a prepared statement then plans
+// once per connection (planning these statements costs more than running
+// them), and no JIT.
+func (q *Queries) SlotSettings(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, slotSettings)
+	return err
 }

@@ -10,10 +10,11 @@ import (
 // batch is a db.DBTX that pipelines sqlc-generated statements: Exec queues
 // a statement and answers at once; the following Query queues its own,
 // sends them all as one pgx Batch (one round trip, one implicit
-// transaction) and returns the last statement's rows. It lets the generated
-// SlotLockScopes and SlotClaim run together without copying
-// their SQL into Go. Use a batch for one Exec...Exec, Query sequence, then
-// check closeErr: the error, if any, of the batch's end (its commit).
+// transaction) and returns the last statement's rows; send sends a batch
+// of Execs alone. It lets the generated SlotLockScopes, SlotRelease and
+// SlotClaim run together without copying their SQL into Go. Use a batch
+// for one Exec...Exec, Query sequence (then check closeErr: the error, if
+// any, of the batch's end, its commit) or one Exec...Exec, send.
 type batch struct {
 	conn     DB
 	b        pgx.Batch
@@ -23,6 +24,23 @@ type batch struct {
 func (x *batch) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	x.b.Queue(sql, args...)
 	return pgconn.CommandTag{}, nil
+}
+
+// send sends the queued statements and returns the first error, the
+// batch's end (its commit) included.
+func (x *batch) send(ctx context.Context) error {
+	br := x.conn.SendBatch(ctx, &x.b)
+	var first error
+	for i := 0; i < x.b.Len(); i++ {
+		if _, err := br.Exec(); err != nil {
+			first = err
+			break
+		}
+	}
+	if err := br.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
 }
 
 func (x *batch) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {

@@ -6,10 +6,11 @@
 // A Claim asks for one slot in its own scope (a user's cap on an endpoint,
 // a token, a user's uploads) and, optionally, one in a scope it shares with
 // other claims (the installation's cap over every heavy request), and gets
-// both or none. Every slot is a row of pglimit.slot (in the partition of
-// the Leaser's Kind) carrying the database-clock time at which it lapses on
-// its own, so a replica that dies holds nobody's limit for longer than its
-// lease. Release gives every slot of a claim back.
+// both or none. Every slot is a row of pglimit.slot (operators read the
+// live ones in the view of the Leaser's Kind) carrying the database-clock
+// time at which it lapses on its own, so a replica that dies holds nobody's
+// limit for longer than its lease. Release gives every slot of a claim
+// back.
 //
 // # One round trip, shared
 //
@@ -29,6 +30,21 @@
 // commit). Every caller still learns its own outcome, and a claim is never
 // refused because of the company it travelled with.
 //
+// # Releases leave the caller's path
+//
+// Release does not wait for the database: it queues the release, which
+// leaves at once in a round trip of its own, or in the one about to leave
+// (before that batch's claims). A claim the same Leaser makes after
+// Release returned never finds the released slots held: it travels after
+// the release, or, when it raced the release's round trip and was refused,
+// it is judged again once the release has landed. Another replica may find
+// them held for the release's round trip. A release that fails is logged
+// (Options.Logger) and its slots lapse at the end of their lease; so do
+// those of a process killed before its releases were sent — in the worst
+// case a slot stays held for the whole lease after its claim. Flush waits
+// for the releases on their way: call it at shutdown, before the pool
+// closes, so that a clean shutdown loses none.
+//
 // A Leaser is safe for concurrent use. It starts no goroutine of its own
 // that outlives the work it was given.
 package permit
@@ -37,8 +53,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -121,6 +139,14 @@ type Options struct {
 	// MaxBatch is the most claims and releases one round trip carries.
 	// Default 64.
 	MaxBatch int
+	// Logger receives the releases that failed (their slots lapse on
+	// their own). Default slog.Default(), taken when New runs.
+	Logger *slog.Logger
+	// OnRelease, when set, is called once for every release after its
+	// round trip, with how long the round trip took (the database work of
+	// the release, which no caller waits for) and its error: for metrics.
+	// It must not block.
+	OnRelease func(took time.Duration, err error)
 }
 
 // ErrRefused is matched (errors.Is) by every *RefusedError.
@@ -158,10 +184,15 @@ type Leaser struct {
 	timeout  time.Duration
 	maxBatch int
 	q        *db.Queries
+	log      *slog.Logger
+	onRel    func(time.Duration, error)
 
-	mu       sync.Mutex
-	queue    []*op
-	flushers int // goroutines sending batches; at most maxFlushers
+	mu        sync.Mutex
+	queue     []*op
+	flushers  int              // goroutines sending batches; at most maxFlushers
+	seq       uint64           // ops queued so far
+	pending   map[*op]struct{} // ops queued or in flight (Flush waits for them)
+	releasing map[string]int   // scope key -> releases of it in flight
 }
 
 // maxFlushers is how many batches of one Leaser may be in flight at once:
@@ -188,8 +219,12 @@ func New(pool DB, opts Options) (*Leaser, error) {
 	if opts.MaxBatch == 0 {
 		opts.MaxBatch = DefaultMaxBatch
 	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
-		maxBatch: opts.MaxBatch, q: db.New()}, nil
+		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease,
+		pending: map[*op]struct{}{}, releasing: map[string]int{}}, nil
 }
 
 // Kind returns the kind of slot the Leaser writes.
@@ -203,8 +238,9 @@ type Lease struct {
 	// scopes.
 	Slots []int
 
-	leaser *Leaser
-	keys   []string
+	leaser   *Leaser
+	keys     []string
+	released atomic.Bool
 }
 
 // Keys are the scope keys the lease holds slots in.
@@ -250,22 +286,22 @@ func validate(c Claim) error {
 	return nil
 }
 
-// Release gives back every slot of the lease. It is safe to call more than
-// once and after the lease lapsed: it never deletes a slot someone else
-// has claimed since. The release goes ahead even when ctx ends first (the
-// caller then gets ctx's error): a client that went away still frees its
-// slots.
+// Release gives back every slot of the lease. It does not wait for the
+// database: the release is queued in the Leaser and travels at once in a
+// round trip of its own, or in the one about to leave, before its claims
+// (see Leaser.Flush to wait for it). A claim this Leaser makes after
+// Release returned never finds the lease's slots still held; another
+// replica may, for the round trip the release takes. If the release
+// fails, or the process is killed before it is sent, the slots lapse on
+// their own at the end of the lease (Claim.Lease after the claim). It is
+// safe to call more than once (only the first call releases) and after
+// the lease lapsed: it never deletes a slot someone else has claimed
+// since. It returns nil; ctx is not needed and not kept.
 func (l *Lease) Release(ctx context.Context) error {
-	if l == nil || l.leaser == nil {
+	if l == nil || l.leaser == nil || !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
-	o := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
-	if err := l.leaser.wait(ctx, o); err != nil {
-		return err
-	}
-	if o.err != nil {
-		return fmt.Errorf("permit: release in %s: %w", l.leaser.kind, o.err)
-	}
+	l.leaser.enqueue(&op{release: l.keys, id: l.ID, done: make(chan struct{})})
 	return nil
 }
 

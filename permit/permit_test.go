@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/permit"
 )
@@ -39,8 +41,21 @@ func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Kind) []*permit.L
 			t.Fatal(err)
 		}
 		out[i] = l
+		// Registered after the pool's own cleanup, so it runs first: no
+		// release is still on its way when the pool closes.
+		t.Cleanup(func() { _ = l.Flush(context.Background()) })
 	}
 	return out
+}
+
+// flushAll waits for the releases of every leaser.
+func flushAll(t *testing.T, ls []*permit.Leaser) {
+	t.Helper()
+	for _, l := range ls {
+		if err := l.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestBurstGrantsExactlyCap fires 16 simultaneous claims on one scope from
@@ -105,6 +120,9 @@ func TestBurstGrantsExactlyCap(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
+					// The next round's claimers are other replicas too:
+					// every release must have landed.
+					flushAll(t, ls)
 				}
 			})
 		}
@@ -145,6 +163,7 @@ func TestClaimIsAllOrNothing(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	flushAll(t, ls)
 	if _, err := ls[1].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:alice", Cap: 2}, inst}, Holder: "alice", Endpoint: "x", Lease: time.Minute}); err != nil {
 		t.Fatalf("claim after release: %v", err)
 	}
@@ -283,5 +302,120 @@ func TestScopeKeyIsInjective(t *testing.T) {
 		if a, b := permit.ScopeKey(p[0]...), permit.ScopeKey(p[1]...); a == b {
 			t.Errorf("ScopeKey(%q) == ScopeKey(%q) == %q", p[0], p[1], a)
 		}
+	}
+}
+
+// TestReleaseDoesNotWait freezes the database (SIGSTOP) while a slot is
+// held: Release returns at once all the same, Flush says the release has
+// not landed while the database stays frozen, and once it answers again
+// Flush sees the release to it and the slot is free to another replica.
+func TestReleaseDoesNotWait(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Cluster(t)
+	t.Cleanup(c.Thaw)
+	ctx := context.Background()
+	pool := pgtest.Pool(t, c.URL("postgres"), 2)
+	other := pgtest.Pool(t, c.URL("postgres"), 2)
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	l, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := permit.New(other, permit.Options{Kind: permit.RequestInFlight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := permit.Claim{Scopes: []permit.Scope{{Key: "token:1", Cap: 1}}, Holder: "t", Endpoint: "GET /", Lease: time.Hour}
+	lease, err := l.Claim(ctx, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second): // a release that waits for the database never returns here
+		t.Fatal("Release waited for a frozen database")
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := l.Flush(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush while the database is frozen: %v, want the deadline", err)
+	}
+	c.Thaw()
+	if err := l.Flush(ctx); err != nil {
+		t.Fatalf("Flush after the thaw: %v", err)
+	}
+	if _, err := o.Claim(ctx, claim); err != nil {
+		t.Fatalf("another replica's claim after the flushed release: %v", err)
+	}
+}
+
+// TestClaimAfterOwnReleaseIsNeverRefused: a caller that releases and then
+// claims again on the same Leaser, at cap 1, is granted every time,
+// although its release leaves on its own and its claim may travel in
+// another batch while the release is still in flight (the pause between
+// them, up to a few round trips, lands claims in every phase of the
+// release's round trip).
+func TestClaimAfterOwnReleaseIsNeverRefused(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 1, 4)
+	l := leasers(t, pools, permit.HeavyPermit)[0]
+	ctx := context.Background()
+	claim := permit.Claim{Scopes: []permit.Scope{{Key: "user:e:ann", Cap: 1}, {Key: "installation", Cap: 1}}, Holder: "ann", Endpoint: "e", Lease: time.Minute}
+	rounds := 400
+	if testing.Short() {
+		rounds = 150
+	}
+	for i := 0; i < rounds; i++ {
+		lease, err := l.Claim(ctx, claim)
+		if err != nil {
+			t.Fatalf("claim %d after the previous one was released: %v", i, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(rand.IntN(400)) * time.Microsecond)
+	}
+}
+
+// TestFlushLandsEveryRelease holds 150 slots on each of three replicas,
+// releases them all at once (several batches' worth), flushes each
+// replica, and counts the live slots with an observer of its own: none is
+// left, so a clean shutdown loses no release.
+func TestFlushLandsEveryRelease(t *testing.T) {
+	t.Parallel()
+	pools, url := replicas(t, 3, 4)
+	ls := leasers(t, pools, permit.RequestInFlight)
+	ctx := context.Background()
+	var leases []*permit.Lease
+	for i := 0; i < 450; i++ {
+		lease, err := ls[i%3].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: fmt.Sprintf("token:%d", i), Cap: 1}}, Lease: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flushAll(t, ls)
+	observer := pgtest.Pool(t, url, 1)
+	var live int
+	if err := observer.QueryRow(ctx, `SELECT count(*) FROM pglimit.request_in_flight`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if live != 0 {
+		t.Fatalf("%d of %d slots live after every lease was released and flushed", live, len(leases))
 	}
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // attempt is one claim as its caller saw it: from the call to the return
-// of Release (or of the refused Claim).
+// of the refused Claim, or of Flush after Release (when the release has
+// reached the database: Release itself does not wait).
 type attempt struct {
 	user         string
 	start, end   time.Time
@@ -67,6 +68,10 @@ func TestNoFalseRefusalsUnderChurn(t *testing.T) {
 					default:
 						time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 						if err := lease.Release(ctx); err != nil {
+							t.Error(err)
+							return
+						}
+						if err := l.Flush(ctx); err != nil {
 							t.Error(err)
 							return
 						}

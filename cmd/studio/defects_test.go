@@ -33,7 +33,7 @@ func TestClientGoneIsNotAServerError(t *testing.T) {
 		body                             any
 	}{
 		{"token lookup", "api_token", http.MethodGet, "/api/limits", "alice-token", nil},
-		{"permit claim", "pglimit.heavy_permit", http.MethodGet, "/api/flow", "bob-token", nil},
+		{"permit claim", "pglimit.slot", http.MethodGet, "/api/flow", "bob-token", nil},
 		{"sign-in check", "pglimit.login_attempt", http.MethodPost, "/api/session", "", map[string]string{"username": "carol", "password": "nope"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

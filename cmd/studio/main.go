@@ -113,6 +113,11 @@ func run(args []string) error {
 	if err := srv.Shutdown(shutCtx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+	// No request runs any more: see every release on its way to the
+	// database before the pools close.
+	if err := a.Flush(shutCtx); err != nil {
+		log.Warn("shutdown: releases not confirmed; their slots lapse on their own", "err", err)
+	}
 	// Background work stops last: the registry marks this replica not ready
 	// and deletes its row once no request runs any more.
 	bgCancel()

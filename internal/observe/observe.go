@@ -177,6 +177,17 @@ func (l *Limit) Took(ctx context.Context, op string, start time.Time) {
 	l.durations.Record(ctx, time.Since(start).Seconds(), opts...)
 }
 
+// Released records the database work of a release that took took: a
+// permit.Options.OnRelease, called by the Leaser after the release's round
+// trip (no caller waits for it).
+func (l *Limit) Released(took time.Duration, _ error) {
+	opts, ok := l.ops[Release]
+	if !ok {
+		opts = []metric.RecordOption{l.opOption(Release)}
+	}
+	l.durations.Record(context.Background(), took.Seconds(), opts...)
+}
+
 func (l *Limit) count(ctx context.Context, outcome, scope string) {
 	opts, ok := l.outcomes[outcomeScope{outcome, scope}]
 	if !ok {

@@ -44,6 +44,9 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// At shutdown, after the server stopped serving: the permits' releases
+	// do not keep a response waiting, and Flush sees them to the database.
+	defer console.Flush(ctx)
 	handler := console.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var answer int
 		err := heavy.Read(r.Context(), pool, func(tx pgx.Tx) error {
@@ -84,6 +87,9 @@ func ExampleLimiter_Acquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// A release does not wait for the database: before the process exits,
+	// Flush waits for the releases on their way.
+	defer reports.Flush(ctx)
 	p, err := reports.Acquire(ctx, "reporting-job")
 	if err != nil {
 		log.Fatal(err)

@@ -56,7 +56,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
@@ -206,14 +205,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, err
-	}
 	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{string(ScopeUser), string(ScopeInstallation)},
 		DryRun: opts.DryRun, MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, fmt.Errorf("heavy: %s: %w", opts.Name, err)
+	}
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica, Timeout: opts.Timeout,
+		Logger: opts.Logger, OnRelease: obs.Released})
+	if err != nil {
+		return nil, err
 	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, time: opts.Time, rows: opts.Rows,
 		instCap: opts.InstallationLimit, timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger,
@@ -262,8 +262,6 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 type Permit struct {
 	lease   *permit.Lease // nil for a dry-run refusal
 	bounds  Bounds
-	timeout time.Duration
-	obs     *observe.Limit
 	refusal *LimitError
 }
 
@@ -275,32 +273,26 @@ func (p *Permit) Refusal() *LimitError { return p.refusal }
 // with them: NewContext(ctx, p.Bounds()).
 func (p *Permit) Bounds() Bounds { return p.bounds }
 
-// Release gives both permits back, in one statement. It is safe to call
-// more than once, and it outlives a canceled ctx (a client that went away
-// still frees its permits), bounded by Options.Timeout.
-func (p *Permit) Release(ctx context.Context) error { return p.release(ctx, p.timeout) }
-
-// handlerReleaseWait is how long Handler holds the response for the
-// release of the permits. A release is one round trip, so a client that
-// has its answer finds its permit free; one the database does not confirm
-// in time (a database that hangs) goes on in the background, bounded by
-// Options.Timeout, and the permits lapse on their own if it fails — the
-// answer does not wait for it.
-const handlerReleaseWait = time.Second
-
-// release is Release waiting at most wait (and Options.Timeout) for the
-// database's answer; the release itself goes on (permit.Lease.Release).
-func (p *Permit) release(ctx context.Context, wait time.Duration) error {
+// Release gives both permits back, in one statement. It does not wait
+// for the database: the release leaves at once, in the Limiter's next
+// round trip (permit.Lease.Release), and a claim of this Limiter made
+// after it never finds the permits held. One that fails is logged, and
+// the permits then lapse on their own at the endpoint's Time + 30 s after
+// the claim, as they do when the process is killed before the release is
+// sent. Limiter.Flush waits for it. It is safe to call more than once,
+// and after ctx ended.
+func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
-	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
-	defer cancel()
-	start := time.Now()
-	err := p.lease.Release(ctx)
-	p.obs.Took(ctx, observe.Release, start)
-	return dberr.OwnTimeout(ctx, err)
+	return p.lease.Release(ctx)
 }
+
+// Flush waits until every permit released so far has reached the
+// database (see permit.Leaser.Flush). Call it at shutdown, after the
+// server stopped serving (http.Server.Shutdown returned), so that no
+// release is lost with the process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
 
 // Acquire claims a permit of the endpoint for key, for callers that are not
 // HTTP handlers (a job runner, a CLI). It returns a *LimitError
@@ -333,10 +325,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 		if !l.obs.Refused(ctx, string(le.Scope), key, "cap", le.Limit) {
 			return nil, le
 		}
-		return &Permit{bounds: l.bounds(), timeout: l.timeout, obs: l.obs, refusal: le}, nil
+		return &Permit{bounds: l.bounds(), refusal: le}, nil
 	}
 	l.obs.Granted(ctx, string(ScopeUser))
-	return &Permit{lease: lease, bounds: l.bounds(), timeout: l.timeout, obs: l.obs}, nil
+	return &Permit{lease: lease, bounds: l.bounds()}, nil
 }
 
 func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time, Rows: l.rows} }
@@ -344,9 +336,8 @@ func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time
 // Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
 // releases the permits when next returns, panics, or the client goes away
-// (the response waits a second at most for the release: see
-// handlerReleaseWait). An unidentified request runs under the bounds
-// without a permit.
+// without waiting for the database (see Permit.Release). An unidentified
+// request runs under the bounds without a permit.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := l.key(r)
@@ -368,12 +359,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			// Dry run: the headers the refusal would have had, no permit.
 			addRateLimitHeaders(w.Header(), p.refusal)
 		}
-		defer func() {
-			if err := p.release(r.Context(), handlerReleaseWait); err != nil {
-				l.log.WarnContext(r.Context(), "heavy: release not confirmed; it goes on in the background, and the permits lapse on their own if it fails",
-					"endpoint", l.name, "key", key, "err", err)
-			}
-		}()
+		defer p.Release(r.Context()) // never waits; a failed release is logged by the Leaser
 		ctx, cancel := NewContext(r.Context(), p.bounds)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))

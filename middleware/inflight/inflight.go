@@ -55,7 +55,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
@@ -180,14 +179,15 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, err
-	}
 	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeToken}, DryRun: opts.DryRun,
 		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, fmt.Errorf("inflight: %w", err)
+	}
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica, Timeout: opts.Timeout,
+		Logger: opts.Logger, OnRelease: obs.Released})
+	if err != nil {
+		return nil, err
 	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace,
 		timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
@@ -236,8 +236,6 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 // Permit is one request in flight.
 type Permit struct {
 	lease   *permit.Lease // nil for a dry-run refusal
-	timeout time.Duration
-	obs     *observe.Limit
 	refusal *LimitError
 }
 
@@ -245,31 +243,25 @@ type Permit struct {
 // holds no slot. Nil when the request fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
-// Release frees the slot, in one statement. It is safe to call more than
-// once, and it outlives a canceled ctx, bounded by Options.Timeout.
-func (p *Permit) Release(ctx context.Context) error { return p.release(ctx, p.timeout) }
-
-// handlerReleaseWait is how long Handler holds the response for the
-// release of the slot. A release is one round trip, so a client that has
-// its answer finds its slot free; one the database does not confirm in
-// time (a database that hangs) goes on in the background, bounded by
-// Options.Timeout, and the slot lapses on its own if it fails — the answer
-// does not wait for it.
-const handlerReleaseWait = time.Second
-
-// release is Release waiting at most wait (and Options.Timeout) for the
-// database's answer; the release itself goes on (permit.Lease.Release).
-func (p *Permit) release(ctx context.Context, wait time.Duration) error {
+// Release frees the slot. It does not wait for the database: the release
+// leaves at once, in the Limiter's next round trip
+// (permit.Lease.Release), and a claim of this Limiter made after it never
+// finds the slot held. One that fails is logged, and the slot then lapses
+// on its own at MaxDuration + 30 s after the claim, as it does when the
+// process is killed before the release is sent. Limiter.Flush waits for
+// it. It is safe to call more than once, and after ctx ended.
+func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
-	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), min(wait, p.timeout))
-	defer cancel()
-	start := time.Now()
-	err := p.lease.Release(ctx)
-	p.obs.Took(ctx, observe.Release, start)
-	return dberr.OwnTimeout(ctx, err)
+	return p.lease.Release(ctx)
 }
+
+// Flush waits until every slot released so far has reached the database
+// (see permit.Leaser.Flush). Call it at shutdown, after the server stopped
+// serving (http.Server.Shutdown returned), so that no release is lost with
+// the process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
 
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
 // returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
@@ -301,17 +293,17 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, e
 		if !l.obs.Refused(ctx, scopeToken, key, "cap", l.limit, "endpoint", endpoint) {
 			return nil, le
 		}
-		return &Permit{timeout: l.timeout, obs: l.obs, refusal: le}, nil
+		return &Permit{refusal: le}, nil
 	}
 	l.obs.Granted(ctx, scopeToken)
-	return &Permit{lease: lease, timeout: l.timeout, obs: l.obs}, nil
+	return &Permit{lease: lease}, nil
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away (the response waits a second at most for the release:
-// see handlerReleaseWait). An unidentified request passes to next as it
+// client goes away, without waiting for the database (see
+// Permit.Release). An unidentified request passes to next as it
 // is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -328,11 +320,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.onError(w, r, err)
 			return
 		}
-		defer func() {
-			if err := p.release(r.Context(), handlerReleaseWait); err != nil {
-				l.log.WarnContext(r.Context(), "inflight: release not confirmed; it goes on in the background, and the slot lapses on its own if it fails", "key", key, "err", err)
-			}
-		}()
+		defer p.Release(r.Context()) // never waits; a failed release is logged by the Leaser
 		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))

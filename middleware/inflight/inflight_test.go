@@ -47,6 +47,9 @@ func newLimiter(t testing.TB, pool *pgxpool.Pool, opts inflight.Options) *inflig
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Runs before the pool's own cleanup: no release is on its way when
+	// the pool closes.
+	t.Cleanup(func() { _ = l.Flush(context.Background()) })
 	return l
 }
 
@@ -229,14 +232,16 @@ func TestCapHoldsAcrossReplicas(t *testing.T) {
 }
 
 // TestReleasedOnPanicAndDisconnect: a handler that panics and a client
-// that goes away both free their slot at once.
+// that goes away both free their slot at once (the release leaves when
+// the handler ends; Flush waits for it to land).
 func TestReleasedOnPanicAndDisconnect(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	var mode atomic.Value
 	started := make(chan struct{}, 1)
 	ended := make(chan struct{}, 1)
-	h := newLimiter(t, pool, inflight.Options{Limit: 1}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	l := newLimiter(t, pool, inflight.Options{Limit: 1})
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch mode.Load() {
 		case "panic":
 			panic("handler bug")
@@ -265,6 +270,10 @@ func TestReleasedOnPanicAndDisconnect(t *testing.T) {
 			}()
 			call(t, h, "bob-token")
 		}()
+		// The release left when the handler panicked; Flush waits for it.
+		if err := l.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		if n := liveRows(t, pool, "id-of-bob-token"); n != 0 {
 			t.Fatalf("after a panic %d rows are held", n)
 		}

@@ -73,6 +73,13 @@ func TestMetricsAndDryRun(t *testing.T) {
 		t.Fatalf("under the cap in dry run: %d with %d rows; want its own slot", r.status, rows)
 	}
 
+	// A release's duration is recorded when its round trip ends, which no
+	// caller waits for: see them land first.
+	for _, lim := range []*inflight.Limiter{l, dry} {
+		if err := lim.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	want := map[string]int64{
 		"in-flight granted token": 1, "in-flight refused token": 1, "in-flight error token": 1,
 		"in-flight-dry granted token": 2, "in-flight-dry dry-run-refused token": 1,

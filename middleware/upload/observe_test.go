@@ -70,6 +70,11 @@ func TestMetricsAndDryRun(t *testing.T) {
 		t.Errorf("dry-run log: %q", logs.String())
 	}
 
+	// A give-back's duration is recorded when its round trip ends, which
+	// no caller waits for: see it land.
+	if err := l.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]int64{
 		"uploads granted user": 2, "uploads refused user": 1, "uploads error user": 1,
 		"uploads-dry granted user": 1, "uploads-dry dry-run-refused user": 3,

@@ -56,7 +56,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/permit"
@@ -176,14 +175,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, err
-	}
 	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeUser}, DryRun: opts.DryRun,
 		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, fmt.Errorf("upload: %w", err)
+	}
+	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica, Timeout: opts.Timeout,
+		Logger: opts.Logger, OnRelease: obs.Released})
+	if err != nil {
+		return nil, err
 	}
 	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, window: opts.Window, timeout: opts.Timeout,
 		key: opts.Key, counts: opts.Counts, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
@@ -225,8 +225,6 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 // nothing: it lapses on its own when it leaves the window.
 type Permit struct {
 	lease   *permit.Lease // nil for a dry-run refusal
-	timeout time.Duration
-	obs     *observe.Limit
 	refusal *LimitError
 }
 
@@ -235,18 +233,16 @@ type Permit struct {
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release gives the slot back: the upload failed and must not count. It
-// is safe to call more than once, and it outlives a canceled ctx, bounded
-// by Options.Timeout.
+// does not wait for the database: the release leaves at once, in the
+// Limiter's next round trip (permit.Lease.Release), and a claim of this
+// Limiter made after it never finds the slot held; one that fails is
+// logged, and the slot then lapses with the window. Limiter.Flush waits
+// for it. It is safe to call more than once, and after ctx ended.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
-	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), p.timeout)
-	defer cancel()
-	start := time.Now()
-	err := p.lease.Release(ctx)
-	p.obs.Took(ctx, observe.Release, start)
-	return dberr.OwnTimeout(ctx, err)
+	return p.lease.Release(ctx)
 }
 
 // Acquire counts an upload of key, for callers that are not HTTP handlers.
@@ -274,11 +270,16 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 		if !l.obs.Refused(ctx, scopeUser, key, "cap", l.limit) {
 			return nil, le
 		}
-		return &Permit{timeout: l.timeout, obs: l.obs, refusal: le}, nil
+		return &Permit{refusal: le}, nil
 	}
 	l.obs.Granted(ctx, scopeUser)
-	return &Permit{lease: lease, timeout: l.timeout, obs: l.obs}, nil
+	return &Permit{lease: lease}, nil
 }
+
+// Flush waits until every slot given back so far has reached the database
+// (see permit.Leaser.Flush). Call it at shutdown, after the server stopped
+// serving, so that no give-back is lost with the process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
 
 // Handler counts every request to next as an upload of its key: it claims
 // a slot first (429 when the key has none left), and gives it back when
@@ -312,10 +313,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			if keep {
 				return
 			}
-			if err := slot.Release(r.Context()); err != nil {
-				l.log.WarnContext(r.Context(), "upload: giving back the slot of an upload that did not count failed; it lapses with the window",
-					"key", key, "err", err)
-			}
+			_ = slot.Release(r.Context()) // a failure is logged by the Leaser
 		}()
 		next.ServeHTTP(sw, req)
 		// Only reached when next returned (no panic).

@@ -79,6 +79,9 @@ func newLimiter(t testing.TB, pool *pgxpool.Pool, opts upload.Options) *upload.L
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Runs before the pool's own cleanup: no release is on its way when
+	// the pool closes.
+	t.Cleanup(func() { _ = l.Flush(context.Background()) })
 	return l
 }
 
@@ -355,7 +358,8 @@ func TestUploadsThatDoNotCount(t *testing.T) {
 	t.Parallel()
 	pool, url := pgtest.NewDB(t, 4)
 	p := &plugins{}
-	h := newLimiter(t, pool, upload.Options{Limit: 2}).Handler(p)
+	l := newLimiter(t, pool, upload.Options{Limit: 2})
+	h := l.Handler(p)
 	for i := 0; i < 5; i++ {
 		if got := send(t, h, "dave", "bad"); got.status != http.StatusBadRequest {
 			t.Fatalf("bad file: %d", got.status)
@@ -372,6 +376,10 @@ func TestUploadsThatDoNotCount(t *testing.T) {
 			send(t, h, "dave", "panic")
 		}()
 	}
+	// The give-backs left as the handler ended; Flush waits for them.
+	if err := l.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if n := liveSlots(t, pool, "dave"); n != 0 {
 		t.Fatalf("%d slots held after uploads that did not count", n)
 	}
@@ -381,6 +389,9 @@ func TestUploadsThatDoNotCount(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, "/api/plugins", io.MultiReader(strings.NewReader("plu"), errReader{}))
 	req.Header.Set("X-User", "dave")
 	h.ServeHTTP(httptest.NewRecorder(), req)
+	if err := l.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if n := liveSlots(t, pool, "dave"); n != 0 {
 		t.Fatalf("%d slots held after an upload whose body could not be read", n)
 	}

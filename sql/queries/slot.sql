@@ -1,15 +1,34 @@
 -- Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
--- in-flight cap and the upload window are all rows of pglimit.slot, one
--- partition per kind (heavy_permit, request_in_flight, upload_window). The
--- permit package runs these statements with the kind as a parameter, so
--- each is written once for every kind. A claim is one round trip: a pgx
--- Batch of SlotLockScopes and SlotClaim (and the SlotRelease of releases
--- that arrived with it), one implicit transaction.
+-- in-flight cap and the upload window are all rows of pglimit.slot, told
+-- apart by kind (operators read them through the views heavy_permit,
+-- request_in_flight and upload_window). The permit package runs these
+-- statements with the kind as a parameter, so each is written once for
+-- every kind. One row per slot of a scope: a claim takes a free slot
+-- number, a release marks the row lapsed, the next claim of that number
+-- replaces it in place.
 --
--- Claims are combined: the claims (and releases) that one replica's callers
--- make while its previous batch is in flight travel together in the next
--- one, as databases commit their log for many transactions at once. A
--- batch of n claims costs one lock statement, one claim and one commit.
+-- A round trip is one pgx Batch, one implicit transaction: SlotLockScopes
+-- (the scopes of its claims), SlotRelease (the releases queued with it),
+-- then SlotClaimOne for one claim or SlotClaim for several; a batch of
+-- releases alone is SlotSettings and SlotRelease. The locks come first so
+-- that a batch never waits for a scope's lock while holding a row lock
+-- another batch's claim needs.
+--
+-- Claims and releases are combined: those that one replica's callers make
+-- while its previous batch is in flight travel together in the next one,
+-- as databases commit their log for many transactions at once. A batch of
+-- n claims costs one lock statement, one claim and one commit. A release
+-- does not keep its caller waiting: it leaves at once in a batch of its
+-- own, or in the one about to leave.
+
+-- name: SlotSettings :exec
+-- Opens a batch that claims nothing (releases only) with the planner
+-- settings SlotLockScopes opens the others with, for the rest of the
+-- transaction: the generic plan, which a prepared statement then plans
+-- once per connection (planning these statements costs more than running
+-- them), and no JIT.
+SELECT set_config('jit', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: SlotLockScopes :exec
 -- Serialises claimers of the same scopes until their transaction ends. It
@@ -135,16 +154,77 @@ JOIN room AS r ON r.scope = w.scope
 LEFT JOIN granted AS g ON g.scope = w.scope AND g.lease_id = (@lease_ids::text[])[w.claim]::uuid
 ORDER BY w.claim, w.pos;
 
+-- name: SlotClaimOne :many
+-- The claim of a batch that carries only one (a lone caller, the common
+-- case): the same decision as SlotClaim, for one claim, in the few small
+-- steps one claim needs instead of SlotClaim's ranking of many. For each
+-- scope, in the claim's order: its live slots (a range of the primary
+-- key), and, when they are fewer than its cap, the lowest slot of 1..cap
+-- that no live row holds (a probe of the primary key per slot, stopping at
+-- the first free one; a lapsed row counts as free, and the INSERT replaces
+-- it in place). The rows go in only when every scope has a free slot, so a
+-- claim takes all of its scopes or none; under SlotLockScopes nobody else
+-- takes a slot of these scopes meanwhile. A cap lowered below the live
+-- slots takes nothing until enough lapse. Each scope comes back with its
+-- granted slot (0: none), its live slots, its cap, and the milliseconds
+-- until the first of them lapses (0 if none).
+WITH want AS MATERIALIZED (
+    SELECT w.pos, w.scope, w.cap, l.live, l.first_lapse,
+           CASE WHEN l.live < w.cap THEN (
+               SELECT g.slot
+               FROM generate_series(1, w.cap) AS g(slot)
+               WHERE NOT EXISTS (
+                   SELECT FROM pglimit.slot AS s
+                   WHERE s.kind = @kind::text AND s.scope = w.scope AND s.slot = g.slot AND s.expires_at > now())
+               ORDER BY g.slot
+               LIMIT 1)
+           END AS free
+    FROM (SELECT i AS pos, (@scopes::text[])[i] AS scope, (@caps::int[])[i] AS cap
+          FROM generate_subscripts(@scopes::text[], 1) AS i) AS w
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS live, min(s.expires_at) AS first_lapse
+        FROM pglimit.slot AS s
+        WHERE s.kind = @kind::text AND s.scope = w.scope AND s.expires_at > now()
+    ) AS l
+),
+granted AS (
+    INSERT INTO pglimit.slot AS s (kind, scope, slot, lease_id, holder, endpoint, replica, claimed_at, expires_at)
+    SELECT @kind::text, w.scope, w.free, (@lease_id::text)::uuid, @holder::text, @endpoint::text, @replica::text, now(),
+           now() + interval '1 millisecond' * @lease_ms::bigint
+    FROM want AS w
+    WHERE NOT EXISTS (SELECT FROM want AS x WHERE x.free IS NULL)
+    ON CONFLICT (kind, scope, slot) DO UPDATE
+        SET lease_id = excluded.lease_id, holder = excluded.holder,
+            endpoint = excluded.endpoint, replica = excluded.replica,
+            claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+        WHERE s.expires_at <= now()
+    RETURNING s.scope, s.slot
+)
+SELECT w.pos::int AS pos, coalesce(g.slot, 0)::int AS granted_slot, w.live::int AS live, w.cap::int AS cap,
+       coalesce(ceil(extract(epoch FROM w.first_lapse - now()) * 1000), 0)::bigint AS first_lapse_ms
+FROM want AS w
+LEFT JOIN granted AS g ON g.scope = w.scope
+ORDER BY w.pos;
+
 -- name: SlotRelease :execrows
--- Releases every slot of a batch of leases in one statement: one row per
--- (scope, lease) given back. The lease id makes sure a holder whose slot
--- lapsed and was claimed again by someone else never deletes the new
--- holder's row.
-DELETE FROM pglimit.slot AS s
-USING generate_subscripts(@scopes::text[], 1) AS i
+-- Releases every slot of a batch of leases in one statement: each row is
+-- marked lapsed (expires_at = now()), not deleted, so the next claim of the
+-- slot replaces it in place and both statements are HOT updates (no index
+-- entry written; see the migration 00004). The lease id makes sure a holder
+-- whose slot lapsed and was claimed again by someone else never touches the
+-- new holder's row. The scopes bound the search to the primary key's range
+-- of each scope (a lease id alone has no index), so a release reads only
+-- the rows of its own scopes however many other slots are held; a lease has
+-- rows only in its own scopes, so matching any of the batch's scopes with
+-- any of its leases releases exactly the batch's slots. (Lease ids travel
+-- as text: pgx's simple protocol, which PgBouncer needs, cannot encode a
+-- uuid array.)
+UPDATE pglimit.slot AS s
+SET expires_at = now()
 WHERE s.kind = @kind::text
-  AND s.scope = (@scopes::text[])[i]
-  AND s.lease_id = (@lease_ids::text[])[i]::uuid;
+  AND s.scope = ANY(@scopes::text[])
+  AND s.lease_id = ANY((@lease_ids::text[])::uuid[])
+  AND s.expires_at > now();
 
 -- name: SlotList :many
 -- The live slots of one kind, for operators (GET /api/limits).
@@ -154,9 +234,11 @@ WHERE kind = @kind::text AND expires_at > now()
 ORDER BY scope, slot;
 
 -- name: SlotDeleteLapsed :many
--- Housekeeping: deletes at most @batch lapsed slots of every kind at once
--- and counts them by kind (the kind is its partition's name). SKIP LOCKED
--- leaves rows a claimer is replacing right now to that claimer.
+-- Housekeeping: deletes at most @batch lapsed slots (released or run out)
+-- of every kind at once and counts them by kind. SKIP LOCKED leaves rows a
+-- claimer is replacing right now to that claimer. There is no index on
+-- expires_at (so that claims and releases are HOT updates): this reads the
+-- table, which holds the live slots and the lapsed ones not yet swept.
 WITH gone AS (
     DELETE FROM pglimit.slot
     WHERE (kind, scope, slot) IN (

@@ -405,6 +405,27 @@ func (a *App) Drain(ctx context.Context) {
 	}
 }
 
+// Flush waits until every permit, slot and upload given back so far has
+// reached the database: releases do not keep a response waiting, so at
+// shutdown, after the server stopped serving, Flush sees them there before
+// the pools close (a killed process leaves them to lapse on their own).
+func (a *App) Flush(ctx context.Context) error {
+	var errs []error
+	if a.inflight != nil {
+		errs = append(errs, a.inflight.Flush(ctx))
+	}
+	if a.uploads != nil {
+		errs = append(errs, a.uploads.Flush(ctx))
+	}
+	e := a.endpoints
+	for _, l := range []*heavy.Limiter{e.sqlConsole, e.export, e.audit, e.events, e.alerts, e.flow} {
+		if l != nil {
+			errs = append(errs, l.Flush(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Close releases the pools and the metric provider.
 func (a *App) Close() {
 	for i := len(a.closers) - 1; i >= 0; i-- {
