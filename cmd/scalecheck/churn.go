@@ -54,6 +54,9 @@ type Sample struct {
 	CPU time.Duration
 	// Tables are the limit tables, by name.
 	Tables []TableSample
+	// Held are the live slots of each kind (the views heavy_permit,
+	// request_in_flight and upload_window of pglimit.slot), by kind.
+	Held map[string]int64
 	// Final marks the sample taken after the load stopped, every window
 	// lapsed and housekeeping ran once.
 	Final bool
@@ -84,9 +87,13 @@ func (s Sample) Table(name string) (TableSample, bool) {
 	return s.Tables[i], true
 }
 
-// limitTables are the tables sampled: every partition of pglimit.slot and
-// every other table of pglimit's (the slot parent holds no rows itself).
-var limitTables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "api_request_window", "refusal_minute", "replica"}
+// limitTables are the tables sampled: every table of pglimit's. The slots
+// of every kind are rows of pglimit.slot; slotKinds are its kinds, whose
+// live slots are sampled too.
+var limitTables = []string{"slot", "login_attempt", "api_request_window", "refusal_minute", "replica"}
+
+// slotKinds are the kinds of slot (the views of pglimit.slot).
+var slotKinds = []string{"heavy_permit", "request_in_flight", "upload_window"}
 
 // Churn is the outcome of the long run.
 type Churn struct {
@@ -309,7 +316,33 @@ func (e *env) sample(ctx context.Context, load *churnLoad, before cpuReading, ba
 	for _, name := range limitTables {
 		s.Tables = append(s.Tables, tables[name])
 	}
+	if s.Held, err = e.readHeld(ctx); err != nil {
+		return s, after, err
+	}
 	return s, after, nil
+}
+
+// readHeld counts the live slots of every kind (an observer query, as
+// readTables's).
+func (e *env) readHeld(ctx context.Context) (map[string]int64, error) {
+	held := map[string]int64{}
+	for _, kind := range slotKinds {
+		held[kind] = 0
+	}
+	rows, err := e.observer.Query(ctx, `SELECT kind, count(*) FROM pglimit.slot WHERE expires_at > now() GROUP BY kind`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var kind string
+		var n int64
+		if err := rows.Scan(&kind, &n); err != nil {
+			return nil, err
+		}
+		held[kind] = n
+	}
+	return held, rows.Err()
 }
 
 // readTables reads every limit table's rows, sizes and autovacuum counts;

@@ -63,11 +63,11 @@ func (r *Report) Problems() []string {
 		for _, s := range c.Samples {
 			// Each worker holds at most one heavy permit (a slot of its
 			// user and one of the installation) or one in-flight slot.
-			if t, _ := s.Table("heavy_permit"); t.Rows > int64(2*r.Workers) {
-				out = append(out, fmt.Sprintf("churn at %v: heavy_permit holds %d rows, more than the %d slots %d workers can hold", s.At.Round(time.Second), t.Rows, 2*r.Workers, r.Workers))
+			if n := s.Held["heavy_permit"]; n > int64(2*r.Workers) {
+				out = append(out, fmt.Sprintf("churn at %v: heavy_permit holds %d live slots, more than the %d slots %d workers can hold", s.At.Round(time.Second), n, 2*r.Workers, r.Workers))
 			}
-			if t, _ := s.Table("request_in_flight"); t.Rows > int64(r.Workers) {
-				out = append(out, fmt.Sprintf("churn at %v: request_in_flight holds %d rows, more than the %d slots the workers can hold", s.At.Round(time.Second), t.Rows, r.Workers))
+			if n := s.Held["request_in_flight"]; n > int64(r.Workers) {
+				out = append(out, fmt.Sprintf("churn at %v: request_in_flight holds %d live slots, more than the %d slots the workers can hold", s.At.Round(time.Second), n, r.Workers))
 			}
 			if !s.Final {
 				continue
