@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -328,11 +331,15 @@ func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
 }
 
 // TestOneReplicaAtATime: three replicas (three pools) sweep at the same
-// moment, round after round: the ones that find the lock taken skip their
-// turn, and together they delete exactly the lapsed rows, each once. (A
-// replica that comes in between two batches of another takes over the
-// rest of the sweep; the lock is per batch, so that it works through
-// PgBouncer.)
+// moment, round after round, and an observer in the database sees their
+// batches take turns: statement triggers log each DELETE of a limit table,
+// before and after it, with its transaction and the database clock, and no
+// two transactions' DELETEs overlap. Together the replicas delete exactly
+// the lapsed rows, each once. (Whether a replica skips its turn or comes
+// in between two batches of another and takes over the rest of the sweep
+// depends on scheduling — the lock is per batch, so that it works through
+// PgBouncer — so the test counts neither: TestSkipsWhileTheLockIsHeld
+// covers the skip.)
 func TestOneReplicaAtATime(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -343,6 +350,7 @@ func TestOneReplicaAtATime(t *testing.T) {
 		pools = append(pools, p)
 		hs = append(hs, newHousekeeper(t, p, housekeeping.Options{Batch: 50}))
 	}
+	logDeletes(t, pools[0])
 	const lapsed = 600
 	for round := 0; round < 5; round++ {
 		fill(t, pools[0], lapsed, 0)
@@ -376,11 +384,64 @@ func TestOneReplicaAtATime(t *testing.T) {
 			}
 			total += r.Total()
 		}
-		t.Logf("round %d: %d sweeps ran, %d deleted, %d rows", round, ran, deleters, total)
-		if deleters < 1 || ran == len(hs) || total != int64(lapsed*len(housekeeping.Tables)) {
-			t.Fatalf("round %d: %d sweeps ran, %d replicas deleted rows, %d rows in all; want some to skip and all %d deleted once", round, ran, deleters, total, lapsed*len(housekeeping.Tables))
+		batches, overlaps := deleteOverlaps(t, pools[0])
+		t.Logf("round %d: %d sweeps ran, %d deleted, %d rows; %d batches so far", round, ran, deleters, total, batches)
+		if overlaps != "" {
+			t.Fatalf("round %d: the DELETEs of two transactions overlapped: %s", round, overlaps)
+		}
+		if deleters < 1 || total != int64(lapsed*len(housekeeping.Tables)) {
+			t.Fatalf("round %d: %d replicas deleted rows, %d rows in all; want all %d deleted once", round, deleters, total, lapsed*len(housekeeping.Tables))
+		}
+		if left := keys(t, pools[0]); len(slices.Concat(slices.Collect(maps.Values(left))...)) != 0 {
+			t.Fatalf("round %d: rows left: %v", round, left)
 		}
 	}
+}
+
+// logDeletes makes the test's database log every DELETE statement on a
+// limit table, before and after it, with its transaction and the database
+// clock, in public.delete_log: an observer of the sweeps that does not rely
+// on what the housekeeper reports. (pglimit.slot is the parent of the slot
+// tables; a statement trigger there fires for the sweep's one statement
+// over all of them.)
+func logDeletes(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	stmts := []string{
+		`CREATE TABLE public.delete_log (xid xid8 NOT NULL DEFAULT pg_current_xact_id(), at timestamptz NOT NULL DEFAULT clock_timestamp())`,
+		`CREATE FUNCTION public.log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.delete_log DEFAULT VALUES; RETURN NULL; END $$`,
+	}
+	for _, table := range []string{"slot", "login_attempt", "replica", "api_request_window", "refusal_minute"} {
+		for _, when := range []string{"BEFORE", "AFTER"} {
+			stmts = append(stmts, fmt.Sprintf(`CREATE TRIGGER log_delete_%s %s DELETE ON pglimit.%s FOR EACH STATEMENT EXECUTE FUNCTION public.log_delete()`,
+				strings.ToLower(when), when, table))
+		}
+	}
+	for _, s := range stmts {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// deleteOverlaps returns the number of transactions public.delete_log saw
+// delete, and describes the first two whose DELETEs overlapped ("" if
+// none did).
+func deleteOverlaps(t testing.TB, pool *pgxpool.Pool) (batches int, overlap string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT xid) FROM public.delete_log`).Scan(&batches); err != nil {
+		t.Fatal(err)
+	}
+	err := pool.QueryRow(ctx, `
+		WITH b AS (SELECT xid, min(at) AS lo, max(at) AS hi FROM public.delete_log GROUP BY xid)
+		SELECT format('transaction %s deleted from %s to %s, transaction %s from %s to %s', x.xid, x.lo, x.hi, y.xid, y.lo, y.hi)
+		FROM b x JOIN b y ON x.xid < y.xid AND x.lo < y.hi AND y.lo < x.hi
+		LIMIT 1`).Scan(&overlap)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	return batches, overlap
 }
 
 // TestRunStopsWithContext: Run sweeps every interval (rows that lapse later
