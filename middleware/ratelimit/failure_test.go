@@ -152,19 +152,37 @@ func TestFailClosed(t *testing.T) {
 // TestFailOpen: with FailOpen, requests pass uncounted and without
 // headers while the database cannot be reached, and a database that hangs
 // fails the decision at Timeout instead of holding the request.
+//
+// Each time the database is up the pool is given a connection before the
+// request (connected is a ping), so the decision's Timeout bounds one
+// statement on a live connection, not a connection's setup through the
+// proxy as well: a loaded machine could take longer than the Timeout for
+// both, and the limiter would rightly fail open.
 func TestFailOpen(t *testing.T) {
 	t.Parallel()
 	u, px := throughProxy(t)
 	pool := pgtest.Pool(t, u, 2)
+	connected := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// A connection the proxy cut fails its ping and leaves the pool.
+		for err := pool.Ping(ctx); err != nil; err = pool.Ping(ctx) {
+			if ctx.Err() != nil {
+				t.Fatalf("the database is up, but the pool cannot connect: %v", err)
+			}
+		}
+	}
 	logs := &logBuffer{}
 	reader := sdkmetric.NewManualReader()
 	h := newLimiter(t, pool, ratelimit.Options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		FailOpen:      true,
-		Timeout:       300 * time.Millisecond,
+		Timeout:       time.Second,
 		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 	}).Handler(ok)
+	connected()
 	if a := get(t, h, "t"); a.status != http.StatusOK || a.header.Get(ratelimit.HeaderRateLimit) == "" {
 		t.Fatalf("up: %d %v", a.status, a.header)
 	}
@@ -177,6 +195,7 @@ func TestFailOpen(t *testing.T) {
 			}
 		}
 		px.set("up")
+		connected()
 		if a := get(t, h, "t"); a.status != http.StatusTooManyRequests {
 			t.Fatalf("up again after %s: %d: the rate of 1/h was spent before", mode, a.status)
 		}

@@ -62,8 +62,10 @@ type verdict struct {
 	badRetry  int     // refusals whose RetryAfter differs from the model's
 	badOrder  int     // decisions whose time is outside [sent, received]
 	// runBound is, per policy, burst + rate × the run (first decision to
-	// last): what the limiter could admit at most over the whole run.
+	// last): what the limiter could admit at most over the whole run;
+	// reach is the same in units.
 	runBound []string
+	reach    []float64
 	examples []string
 }
 
@@ -137,7 +139,9 @@ func judge(policies []ratelimit.Policy, recs []record) verdict {
 	if len(recs) > 0 {
 		span := recs[len(recs)-1].at - recs[0].at
 		for _, p := range ps {
-			v.runBound = append(v.runBound, fmt.Sprintf("%s %.1f", p.name, float64(p.burst)+float64(span)/float64(p.t)))
+			reach := float64(p.burst) + float64(span)/float64(p.t)
+			v.reach = append(v.reach, reach)
+			v.runBound = append(v.runBound, fmt.Sprintf("%s %.1f", p.name, reach))
 		}
 	}
 	// The bound, over every interval between two admissions.

@@ -103,10 +103,13 @@ func TestReplicasHoldTheRate(t *testing.T) {
 			v := judge(policies, recs)
 			holds(t, v)
 			// Demand outran the rate: the limiter must have admitted close to
-			// everything the bound allows, and refused the rest.
-			bound := 10 + 50*hammerTime().Seconds()
-			if float64(v.admitted) < 0.8*bound || v.refusals == 0 {
-				t.Errorf("admitted %d of a bound of %.0f with %d refusals: the demand did not reach the rate", v.admitted, bound, v.refusals)
+			// everything the bound allows over the run, and refused the rest.
+			// The run is measured by the decisions' own times (the
+			// database's), from the first to the last: the workers' first
+			// decisions wait for their pools' connections, which a loaded
+			// machine makes slow, so the hammer's duration is not the run.
+			if len(v.reach) == 0 || float64(v.admitted) < 0.8*v.reach[0] || v.refusals == 0 {
+				t.Errorf("admitted %d of a bound over the run of %.1f with %d refusals: the demand did not reach the rate", v.admitted, v.reach, v.refusals)
 			}
 		})
 	}
