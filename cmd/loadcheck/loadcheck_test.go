@@ -25,10 +25,15 @@ func TestMain(m *testing.M) {
 var studioMigration = pgtest.Migration{FS: studioschema.FS(), Table: studioschema.VersionTable, LockID: studioschema.LockID}
 
 // shortConfig is the load check `make test` runs: a few seconds of load.
+// The API rate's loops are many more than the rate needs: each answer of
+// GET /api/limits (or its in-flight refusal) takes a few milliseconds on
+// an idle machine but half a second on a loaded one, where six loops send
+// fewer than the rate's 20 a second and never reach it.
 func shortConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.DatabaseURL = pgtest.URL(t, studioMigration)
 	cfg.Duration = 5 * time.Second
+	cfg.RateWorkers = 24
 	cfg.LogDir = t.TempDir()
 	cfg.ProgressEvery = time.Second
 	cfg.Progress = testWriter{t}
@@ -70,13 +75,11 @@ func TestLoadCheckShort(t *testing.T) {
 		// The node may see a call more in a second (delivery delay); every
 		// other observer's highest is at most the limit. The rate's highest
 		// is measured over intervals lengthened by the requests' latency,
-		// so it comes out under the burst even at the bound: for it,
-		// reached is refused (above) and near the burst.
-		if row.Limit == "api rate per token" {
-			if float64(row.Highest) < 0.6*float64(row.Cap) {
-				t.Errorf("%s: highest %d, burst %d: the load did not reach the rate", row.Limit, row.Highest, row.Cap)
-			}
-		} else if row.Highest < row.Cap {
+		// so it comes out under the burst even at the bound, the further the
+		// slower the machine (4 of 10 on a loaded one): for it, reached is
+		// refused (the verdict above), and a limiter that admitted less than
+		// the rate and its burst shows in false refusals (below).
+		if row.Limit != "api rate per token" && row.Highest < row.Cap {
 			t.Errorf("%s: the observer saw at most %d, limit %d: the load did not reach it", row.Limit, row.Highest, row.Cap)
 		}
 		if row.FalseRefusals > 0 {
@@ -100,6 +103,13 @@ func TestLoadCheckShort(t *testing.T) {
 // must be kept.
 func TestLoadCheckSeesExcess(t *testing.T) {
 	cfg := shortConfig(t)
+	// One console token per user, with more loops than the looser caps: a
+	// user's statements, up to its cap of 4, are then all of one token,
+	// which shows the in-flight excess as soon as the user's cap is full,
+	// rather than when three loops of one token happen to run at once
+	// (which a loaded machine, pacing the loops evenly, can keep from
+	// happening for the whole run).
+	cfg.TokensPerUser, cfg.WorkersPerToken = 1, 6
 	cfg.studioOverride = []string{
 		"-sql-console-cap", "4", // per user: 2 tokens × 3 loops; judged 2
 		"-pool-max-conns", "48", // installation cap 12; judged 4
