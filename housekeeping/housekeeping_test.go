@@ -401,9 +401,8 @@ func TestOneReplicaAtATime(t *testing.T) {
 // logDeletes makes the test's database log every DELETE statement on a
 // limit table, before and after it, with its transaction and the database
 // clock, in public.delete_log: an observer of the sweeps that does not rely
-// on what the housekeeper reports. (pglimit.slot is the parent of the slot
-// tables; a statement trigger there fires for the sweep's one statement
-// over all of them.)
+// on what the housekeeper reports. (pglimit.slot holds every kind of slot;
+// only housekeeping deletes from the limit tables.)
 func logDeletes(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
