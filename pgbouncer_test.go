@@ -320,7 +320,7 @@ func TestPgBouncerClaimIsOneTransaction(t *testing.T) {
 			}
 		}
 		// The next round's claimers are the other replicas too: every
-		// release (which does not wait for the database) must have landed.
+		// release must have landed (Flush: any whose wait was cut short).
 		for i := 0; i < len(limiters); i += 4 {
 			if err := limiters[i].Flush(ctx); err != nil {
 				t.Fatalf("round %d: flush: %v", round, err)

@@ -30,20 +30,23 @@
 // commit). Every caller still learns its own outcome, and a claim is never
 // refused because of the company it travelled with.
 //
-// # Releases leave the caller's path
+// # Releases
 //
-// Release does not wait for the database: it queues the release, which
-// leaves at once in a round trip of its own, or in the one about to leave
-// (before that batch's claims). A claim the same Leaser makes after
-// Release returned never finds the released slots held: it travels after
-// the release, or, when it raced the release's round trip and was refused,
-// it is judged again once the release has landed. Another replica may find
-// them held for the release's round trip. A release that fails is logged
-// (Options.Logger) and its slots lapse at the end of their lease; so do
-// those of a process killed before its releases were sent — in the worst
-// case a slot stays held for the whole lease after its claim. Flush waits
-// for the releases on their way: call it at shutdown, before the pool
-// closes, so that a clean shutdown loses none.
+// Release sends the release at once, in a round trip of its own or in the
+// one about to leave (before that batch's claims), and waits until it has
+// landed, so that a caller who answered after Release returned has given
+// its slots back on every replica: a client that got its answer and sends
+// the next request is never refused for the slot it just held. A claim the
+// same Leaser makes while a release is on its way never finds the released
+// slots held either: it travels after the release, or, when it raced the
+// release's round trip and was refused, it is judged again once the
+// release has landed. When the caller's ctx ends first (a client gone),
+// Release returns and the release goes on without it. A release that fails
+// is logged (Options.Logger) and its slots lapse at the end of their lease;
+// so do those of a process killed before its releases were sent — in the
+// worst case a slot stays held for the whole lease after its claim. Flush
+// waits for the releases still on their way: call it at shutdown, before
+// the pool closes, so that a clean shutdown loses none.
 //
 // A Leaser is safe for concurrent use. It starts no goroutine of its own
 // that outlives the work it was given.
@@ -80,6 +83,13 @@ const (
 	// UploadWindow is pglimit.upload_window (uploads per rolling window).
 	UploadWindow Kind = "upload_window"
 )
+
+// AnswerWait is how long the middlewares' Handlers keep an answer waiting
+// for its release (ReleaseWithin): long enough for a release to land, so a
+// client that got its answer never finds its own slot held, short enough
+// that a database that stopped answering delays the answer by at most this
+// much while the release goes on under the Leaser's Timeout.
+const AnswerWait = time.Second
 
 // MaxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
 // of every cap in every package.
@@ -286,23 +296,40 @@ func validate(c Claim) error {
 	return nil
 }
 
-// Release gives back every slot of the lease. It does not wait for the
-// database: the release is queued in the Leaser and travels at once in a
-// round trip of its own, or in the one about to leave, before its claims
-// (see Leaser.Flush to wait for it). A claim this Leaser makes after
-// Release returned never finds the lease's slots still held; another
-// replica may, for the round trip the release takes. If the release
-// fails, or the process is killed before it is sent, the slots lapse on
-// their own at the end of the lease (Claim.Lease after the claim). It is
-// safe to call more than once (only the first call releases) and after
-// the lease lapsed: it never deletes a slot someone else has claimed
-// since. It returns nil; ctx is not needed and not kept.
+// Release gives back every slot of the lease and waits until the
+// database has them back, or ctx ends. The release travels at once, in a
+// round trip of its own or in the one about to leave, before its claims;
+// when ctx ends first it goes on without the caller (Leaser.Flush waits
+// for it). It returns the release's error, if any (pglimit.Classify): the
+// slots then lapse on their own at the end of the lease (Claim.Lease after
+// the claim), as they do when the process is killed before the release is
+// sent. It is safe to call more than once (only the first call releases)
+// and after the lease lapsed: it never deletes a slot someone else has
+// claimed since.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.leaser == nil || !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
-	l.leaser.enqueue(&op{release: l.keys, id: l.ID, done: make(chan struct{})})
-	return nil
+	o := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
+	l.leaser.enqueue(o)
+	select {
+	case <-o.done:
+		if o.err != nil {
+			return fmt.Errorf("permit: release in %s: %w", l.leaser.kind, o.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ReleaseWithin is Release waiting at most d (and no longer than ctx):
+// past d the release goes on without the caller. The Handlers release with
+// it and AnswerWait before their answer completes.
+func (l *Lease) ReleaseWithin(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return l.Release(ctx)
 }
 
 // Held is one live slot, as operators see it.

@@ -305,11 +305,13 @@ func TestScopeKeyIsInjective(t *testing.T) {
 	}
 }
 
-// TestReleaseDoesNotWait freezes the database (SIGSTOP) while a slot is
-// held: Release returns at once all the same, Flush says the release has
-// not landed while the database stays frozen, and once it answers again
-// Flush sees the release to it and the slot is free to another replica.
-func TestReleaseDoesNotWait(t *testing.T) {
+// TestReleaseOnAFrozenDatabase freezes the database (SIGSTOP) while a
+// slot is held: Release waits no longer than its ctx (the Handlers give it
+// permit.AnswerWait) and the release goes on without it; Flush says the
+// release has not landed while the database stays frozen, and once it
+// answers again Flush sees the release to it and the slot is free to
+// another replica.
+func TestReleaseOnAFrozenDatabase(t *testing.T) {
 	t.Parallel()
 	c := pgtest.Cluster(t)
 	t.Cleanup(c.Thaw)
@@ -336,14 +338,14 @@ func TestReleaseDoesNotWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	released := make(chan error, 1)
-	go func() { released <- lease.Release(ctx) }()
+	go func() { released <- lease.ReleaseWithin(ctx, 300*time.Millisecond) }()
 	select {
 	case err := <-released:
-		if err != nil {
-			t.Fatal(err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Release on a frozen database: %v, want its wait's deadline", err)
 		}
-	case <-time.After(20 * time.Second): // a release that waits for the database never returns here
-		t.Fatal("Release waited for a frozen database")
+	case <-time.After(20 * time.Second): // a release that ignores its ctx never returns here
+		t.Fatal("Release waited past its ctx for a frozen database")
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
@@ -356,6 +358,33 @@ func TestReleaseDoesNotWait(t *testing.T) {
 	}
 	if _, err := o.Claim(ctx, claim); err != nil {
 		t.Fatalf("another replica's claim after the flushed release: %v", err)
+	}
+}
+
+// TestReleasedSlotIsFreeOnEveryReplica: at cap 1, a caller releases on one
+// replica and at once claims on another, round after round, as a client
+// whose requests a load balancer spreads does: once Release returned the
+// slot is free everywhere, so no claim is ever refused (a release that
+// returned before landing fails this).
+func TestReleasedSlotIsFreeOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	pools, _ := replicas(t, 3, 4)
+	ls := leasers(t, pools, permit.RequestInFlight)
+	ctx := context.Background()
+	claim := permit.Claim{Scopes: []permit.Scope{{Key: "token:spread", Cap: 1}}, Holder: "t", Endpoint: "GET /", Lease: time.Minute}
+	rounds := 300
+	if testing.Short() {
+		rounds = 100
+	}
+	for i := range rounds {
+		l := ls[i%len(ls)]
+		lease, err := l.Claim(ctx, claim)
+		if err != nil {
+			t.Fatalf("round %d on replica %d: %v (the previous round's release had returned)", i, i%len(ls), err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("round %d: release: %v", i, err)
+		}
 	}
 }
 

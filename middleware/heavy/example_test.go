@@ -87,8 +87,8 @@ func ExampleLimiter_Acquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// A release does not wait for the database: before the process exits,
-	// Flush waits for the releases on their way.
+	// Before the process exits, Flush waits for any release whose caller
+	// stopped waiting for it.
 	defer reports.Flush(ctx)
 	p, err := reports.Acquire(ctx, "reporting-job")
 	if err != nil {

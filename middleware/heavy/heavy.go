@@ -273,19 +273,26 @@ func (p *Permit) Refusal() *LimitError { return p.refusal }
 // with them: NewContext(ctx, p.Bounds()).
 func (p *Permit) Bounds() Bounds { return p.bounds }
 
-// Release gives both permits back, in one statement. It does not wait
-// for the database: the release leaves at once, in the Limiter's next
-// round trip (permit.Lease.Release), and a claim of this Limiter made
-// after it never finds the permits held. One that fails is logged, and
-// the permits then lapse on their own at the endpoint's Time + 30 s after
-// the claim, as they do when the process is killed before the release is
-// sent. Limiter.Flush waits for it. It is safe to call more than once,
-// and after ctx ended.
+// Release gives both permits back, in one statement, and waits until the
+// database has them back, or ctx ends (permit.Lease.Release): work
+// answered after it never holds its permits on any replica. One that fails
+// is logged, and the permits then lapse on their own at the endpoint's
+// Time + 30 s after the claim, as they do when the process is killed
+// before the release is sent; one whose ctx ended goes on without the
+// caller (Limiter.Flush waits for it). It is safe to call more than once.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
 	return p.lease.Release(ctx)
+}
+
+// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
+// at most.
+func (p *Permit) releaseWithin(ctx context.Context) {
+	if p != nil && p.lease != nil {
+		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
+	}
 }
 
 // Flush waits until every permit released so far has reached the
@@ -335,8 +342,8 @@ func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time
 
 // Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
-// releases the permits when next returns, panics, or the client goes away
-// without waiting for the database (see Permit.Release). An unidentified
+// releases the permits when next returns, panics, or the client goes away,
+// before the answer completes (see Permit.Release). An unidentified
 // request runs under the bounds without a permit.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -359,7 +366,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			// Dry run: the headers the refusal would have had, no permit.
 			addRateLimitHeaders(w.Header(), p.refusal)
 		}
-		defer p.Release(r.Context()) // never waits; a failed release is logged by the Leaser
+		// The answer completes once the permits are back (permit.AnswerWait
+		// at most); a failed release is logged by the Leaser.
+		defer p.releaseWithin(r.Context())
 		ctx, cancel := NewContext(r.Context(), p.bounds)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))

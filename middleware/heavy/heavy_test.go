@@ -581,8 +581,8 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 }
 
 // TestAnswerDoesNotWaitForAHungRelease: the database freezes (SIGSTOP)
-// while a heavy request runs. Its answer goes out without waiting for the
-// release (which leaves in the background), and the release goes on: once
+// while a heavy request runs. Its answer waits for the release no longer
+// than permit.AnswerWait (1 s), and the release goes on: once
 // the database answers again the user's one permit is free long before it
 // would lapse (time bound + 30 s).
 func TestAnswerDoesNotWaitForAHungRelease(t *testing.T) {

@@ -243,18 +243,27 @@ type Permit struct {
 // holds no slot. Nil when the request fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
-// Release frees the slot. It does not wait for the database: the release
-// leaves at once, in the Limiter's next round trip
-// (permit.Lease.Release), and a claim of this Limiter made after it never
-// finds the slot held. One that fails is logged, and the slot then lapses
-// on its own at MaxDuration + 30 s after the claim, as it does when the
-// process is killed before the release is sent. Limiter.Flush waits for
-// it. It is safe to call more than once, and after ctx ended.
+// Release frees the slot and waits until the database has it back, or ctx
+// ends (permit.Lease.Release): a request answered after it never holds its
+// slot on any replica. The release leaves at once, in the Limiter's next
+// round trip, shared with the claims and releases made meanwhile. One that
+// fails is logged, and the slot then lapses on its own at MaxDuration +
+// 30 s after the claim, as it does when the process is killed before the
+// release is sent; one whose ctx ended goes on without the caller
+// (Limiter.Flush waits for it). It is safe to call more than once.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
 	return p.lease.Release(ctx)
+}
+
+// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
+// at most.
+func (p *Permit) releaseWithin(ctx context.Context) {
+	if p != nil && p.lease != nil {
+		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
+	}
 }
 
 // Flush waits until every slot released so far has reached the database
@@ -302,8 +311,7 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, e
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away, without waiting for the database (see
-// Permit.Release). An unidentified request passes to next as it
+// client goes away, before the answer completes (see Permit.Release). An unidentified request passes to next as it
 // is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -320,7 +328,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.onError(w, r, err)
 			return
 		}
-		defer p.Release(r.Context()) // never waits; a failed release is logged by the Leaser
+		// The answer completes once the slot is back (permit.AnswerWait at
+		// most); a failed release is logged by the Leaser.
+		defer p.releaseWithin(r.Context())
 		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))

@@ -233,16 +233,23 @@ type Permit struct {
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release gives the slot back: the upload failed and must not count. It
-// does not wait for the database: the release leaves at once, in the
-// Limiter's next round trip (permit.Lease.Release), and a claim of this
-// Limiter made after it never finds the slot held; one that fails is
-// logged, and the slot then lapses with the window. Limiter.Flush waits
-// for it. It is safe to call more than once, and after ctx ended.
+// waits until the database has it back, or ctx ends
+// (permit.Lease.Release); a release that fails is logged, and the slot then
+// lapses with the window. One whose ctx ended goes on without the caller
+// (Limiter.Flush waits for it). It is safe to call more than once.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || p.lease == nil {
 		return nil
 	}
 	return p.lease.Release(ctx)
+}
+
+// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
+// at most.
+func (p *Permit) releaseWithin(ctx context.Context) {
+	if p != nil && p.lease != nil {
+		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
+	}
 }
 
 // Acquire counts an upload of key, for callers that are not HTTP handlers.
@@ -313,7 +320,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			if keep {
 				return
 			}
-			_ = slot.Release(r.Context()) // a failure is logged by the Leaser
+			// The answer completes once the slot is back (permit.AnswerWait
+			// at most); a failure is logged by the Leaser.
+			slot.releaseWithin(r.Context())
 		}()
 		next.ServeHTTP(sw, req)
 		// Only reached when next returned (no panic).
