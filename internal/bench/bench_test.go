@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,13 +29,6 @@ func benchRows(tb testing.TB) int {
 	return DefaultRows
 }
 
-func redisAddr() string {
-	if a := os.Getenv("BENCH_REDIS"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
 func newSuite(tb testing.TB, rows int) *Suite {
 	tb.Helper()
 	ctx := context.Background()
@@ -52,28 +44,6 @@ func newSuite(tb testing.TB, rows int) *Suite {
 	}
 	tb.Cleanup(s.Close)
 	return s
-}
-
-// runParallel runs path p's ops under b.RunParallel, each goroutine with
-// the op of its own loop (its own user, token, key).
-func runParallel(b *testing.B, p Path) {
-	b.Helper()
-	var worker atomic.Int64
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		op, err := p.New(int(worker.Add(1)))
-		if err != nil {
-			b.Error(err)
-			return
-		}
-		ctx := context.Background()
-		for pb.Next() {
-			if err := op(ctx); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
 }
 
 // BenchmarkLimits runs every limit path beside the baselines (SELECT 1 on
@@ -101,10 +71,6 @@ func BenchmarkPages(b *testing.B) {
 	for _, p := range append(s.Baselines()[:1], pages...) {
 		b.Run(benchName(p.Name), func(b *testing.B) { runParallel(b, p) })
 	}
-}
-
-func benchName(s string) string {
-	return strings.NewReplacer(" ", "-", "(", "", ")", "", "@", "depth=").Replace(s)
 }
 
 // TestPathsRun runs every path a few times, as the benchmarks and

@@ -1,0 +1,13 @@
+package ratelimit_test
+
+import (
+	"testing"
+
+	"github.com/pglimit/pglimit/internal/bench"
+)
+
+// BenchmarkRateLimit measures a rate-limit decision under one policy and
+// under two (all or nothing), at 1 and 16 clients beside SELECT 1, the
+// one-row upsert and redis_rate Allow measured in the same run (see
+// bench.Package).
+func BenchmarkRateLimit(b *testing.B) { bench.Package(b, bench.NameRateLimit, bench.NameRateLimit2) }
