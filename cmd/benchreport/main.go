@@ -210,7 +210,12 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 	if err != nil {
 		return nil, err
 	}
-	paths := append(append(suite.Baselines(), suite.Limits()...), pages...)
+	requests, stopRequests, err := suite.Requests()
+	if err != nil {
+		return nil, err
+	}
+	defer stopRequests()
+	paths := append(append(append(suite.Baselines(), suite.Limits()...), pages...), requests...)
 	rep.Paths = paths
 	for _, clients := range o.clients {
 		for _, p := range paths {

@@ -163,7 +163,7 @@ func (r *Report) Markdown(chart string) string {
 	w("| path | clients | p50 | p99 | ops/s | ÷ SELECT 1 p50 | ÷ redis_rate p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, clients := range o.clients {
 		for _, m := range r.Results {
-			if m.Result.Clients != clients || m.Path.Kind == bench.Page {
+			if m.Result.Clients != clients || m.Path.Kind == bench.Page || m.Path.Kind == bench.Request {
 				continue
 			}
 			redis := "–"
@@ -183,11 +183,13 @@ func (r *Report) Markdown(chart string) string {
 	}
 	w("\nWhat one operation of each path does:\n\n")
 	for _, p := range r.Paths {
-		if p.Kind != bench.Page {
+		if p.Kind != bench.Page && p.Kind != bench.Request {
 			w("- **%s** — %s\n", p.Name, p.What)
 		}
 	}
 	r.summary(&b, hasRedis)
+	r.targets(&b)
+	r.requestSection(&b)
 
 	r.rateSection(&b)
 
@@ -273,7 +275,7 @@ func (r *Report) summary(b *strings.Builder, hasRedis bool) {
 	lo, hi := cs[0], cs[len(cs)-1]
 	var scale []string
 	for _, p := range r.Paths {
-		if p.Kind == bench.Page {
+		if p.Kind == bench.Page || p.Kind == bench.Request {
 			continue
 		}
 		a, ok1 := r.find(p.Name, lo)

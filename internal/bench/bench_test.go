@@ -59,6 +59,21 @@ func BenchmarkLimits(b *testing.B) {
 	}
 }
 
+// BenchmarkRequests sends whole HTTP requests through each middleware
+// chain a user would build (httptest server, keep-alive client, real pool)
+// beside the same handler alone (-cpu sets the goroutines: e.g. -cpu 1,16).
+func BenchmarkRequests(b *testing.B) {
+	s := newSuite(b, 0)
+	requests, stop, err := s.Requests()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stop()
+	for _, p := range requests {
+		b.Run(benchName(p.Name), func(b *testing.B) { runParallel(b, p) })
+	}
+}
+
 // BenchmarkPages reads a 50-row page at each depth by keyset and by OFFSET
 // over the 2,000,000-row fixture (BENCH_EVENT_ROWS; 20,000 under -short),
 // with SELECT 1 as the floor.
@@ -86,7 +101,12 @@ func TestPathsRun(t *testing.T) {
 	if len(pages) != 2 { // only depth 0 fits in 2,000 rows: keyset and OFFSET
 		t.Fatalf("%d page paths, want 2", len(pages))
 	}
-	for _, p := range append(append(s.Baselines(), s.Limits()...), pages...) {
+	requests, stop, err := s.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, p := range append(append(append(s.Baselines(), s.Limits()...), pages...), requests...) {
 		r, err := Measure(context.Background(), 4, 0, 20, p.New)
 		if err != nil {
 			t.Errorf("%s: %v", p.Name, err)
