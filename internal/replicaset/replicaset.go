@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -141,7 +142,7 @@ func Start(ctx context.Context, opts Options) ([]*Proc, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = p.Start(ctx)
+			errs[i] = p.startOnFreePort(ctx)
 		}()
 	}
 	wg.Wait()
@@ -152,6 +153,37 @@ func Start(ctx context.Context, opts Options) ([]*Proc, error) {
 		return nil, err
 	}
 	return procs, nil
+}
+
+// startOnFreePort starts the replica the first time. FreePort's port was
+// free when it was picked, not necessarily when the replica binds it (a
+// parallel test may take it meanwhile): a replica that exits on "address
+// already in use" is started again on another port, a few times.
+func (p *Proc) startOnFreePort(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := p.Start(ctx)
+		if err == nil || attempt == 5 || !p.exitedOnBusyPort() {
+			return err
+		}
+		port, perr := FreePort()
+		if perr != nil {
+			return errors.Join(err, perr)
+		}
+		old := p.Addr
+		p.Addr = "127.0.0.1:" + strconv.Itoa(port)
+		p.URL = "http://" + p.Addr
+		for i, a := range p.args {
+			if a == old {
+				p.args[i] = p.Addr
+			}
+		}
+	}
+}
+
+// exitedOnBusyPort reports whether the replica has exited and the last
+// lines of its log say its address was taken.
+func (p *Proc) exitedOnBusyPort() bool {
+	return !p.Running() && strings.Contains(p.Tail(512), "address already in use")
 }
 
 // Start (re)starts the replica and waits until it answers /readyz.
