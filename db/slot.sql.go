@@ -468,8 +468,8 @@ SELECT set_config('jit', 'off', true),
 // while its previous batch is in flight travel together in the next one,
 // as databases commit their log for many transactions at once. A batch of
 // n claims costs one lock statement, one claim and one commit. A release
-// does not keep its caller waiting: it leaves at once in a batch of its
-// own, or in the one about to leave.
+// leaves at once in a batch of its own, or in the one about to leave; its
+// caller (a Handler, before its answer completes) waits for it.
 // Opens a batch that claims nothing (releases only) with the planner
 // settings SlotLockScopes opens the others with, for the rest of the
 // transaction: the generic plan, which a prepared statement then plans

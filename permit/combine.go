@@ -74,8 +74,8 @@ func (l *Leaser) wait(ctx context.Context, o *op) error {
 	return nil
 }
 
-// enqueue queues o and makes sure a flusher will send it. A release is
-// queued with nobody waiting for it.
+// enqueue queues o and makes sure a flusher will send it. A release's
+// caller waits for its done, or stops waiting when its ctx ends.
 func (l *Leaser) enqueue(o *op) {
 	if o.release != nil {
 		keys := make([]string, len(o.release))

@@ -154,7 +154,7 @@ type Options struct {
 	Logger *slog.Logger
 	// OnRelease, when set, is called once for every release after its
 	// round trip, with how long the round trip took (the database work of
-	// the release, which no caller waits for) and its error: for metrics.
+	// the release) and its error: for metrics.
 	// It must not block.
 	OnRelease func(took time.Duration, err error)
 }
@@ -248,9 +248,9 @@ type Lease struct {
 	// scopes.
 	Slots []int
 
-	leaser   *Leaser
-	keys     []string
-	released atomic.Bool
+	leaser  *Leaser
+	keys    []string
+	release atomic.Pointer[op] // the release, once Release was called
 }
 
 // Keys are the scope keys the lease holds slots in.
@@ -303,24 +303,35 @@ func validate(c Claim) error {
 // for it). It returns the release's error, if any (pglimit.Classify): the
 // slots then lapse on their own at the end of the lease (Claim.Lease after
 // the claim), as they do when the process is killed before the release is
-// sent. It is safe to call more than once (only the first call releases)
-// and after the lease lapsed: it never deletes a slot someone else has
+// sent. It is safe to call more than once: only the first call releases,
+// and every call waits for that release and returns its outcome. It is
+// safe after the lease lapsed: it never deletes a slot someone else has
 // claimed since.
 func (l *Lease) Release(ctx context.Context) error {
-	if l == nil || l.leaser == nil || !l.released.CompareAndSwap(false, true) {
+	if l == nil || l.leaser == nil {
 		return nil
 	}
-	o := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
-	l.leaser.enqueue(o)
+	o := l.release.Load()
+	if o == nil {
+		mine := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
+		if l.release.CompareAndSwap(nil, mine) {
+			l.leaser.enqueue(mine)
+		}
+		o = l.release.Load()
+	}
 	select {
 	case <-o.done:
-		if o.err != nil {
-			return fmt.Errorf("permit: release in %s: %w", l.leaser.kind, o.err)
-		}
-		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case <-o.done: // landed as ctx ended: keep the outcome
+		default:
+			return ctx.Err()
+		}
 	}
+	if o.err != nil {
+		return fmt.Errorf("permit: release in %s: %w", l.leaser.kind, o.err)
+	}
+	return nil
 }
 
 // ReleaseWithin is Release waiting at most d (and no longer than ctx):

@@ -285,7 +285,7 @@ func (r *Report) summary(b *strings.Builder, hasRedis bool) {
 		}
 	}
 	fmt.Fprintf(b, "\n**Throughput from %d to %d clients:** %s. ", lo, hi, strings.Join(scale, ", "))
-	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its advisory lock (sql/queries/slot.sql, SlotLockScopes), so heavy claims of all users and replicas are serialised; the other limits' scopes are per user, token or key.\n")
+	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its advisory lock (sql/queries/slot.sql, SlotLockScopes); a replica combines the claims that arrive while its previous round trip is in flight into one batch (package permit), so they share each turn. The other limits' scopes are per user, token or key.\n")
 }
 
 func joinInts(xs []int) string {

@@ -13,8 +13,8 @@ import (
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
-// Package is the benchmark of one limit's package (heavy, inflight,
-// upload, signin, ratelimit): the named limit paths of Suite.Limits beside
+// Package is the benchmark of one limit's package (inflight, upload,
+// ratelimit; heavy and signin have their own): the named limit paths of Suite.Limits beside
 // the floors measured in the same run — SELECT 1 and the one-row upsert on
 // the same pool, and redis_rate Allow when Redis answers — at 1 and 16
 // concurrent clients, each its own user, token or key. Read the ratios

@@ -179,7 +179,7 @@ func (l *Limit) Took(ctx context.Context, op string, start time.Time) {
 
 // Released records the database work of a release that took took: a
 // permit.Options.OnRelease, called by the Leaser after the release's round
-// trip (no caller waits for it).
+// trip.
 func (l *Limit) Released(took time.Duration, _ error) {
 	opts, ok := l.ops[Release]
 	if !ok {

@@ -76,10 +76,11 @@ type Proc struct {
 	args   []string
 	env    []string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+	logFrom int64 // the log's size when the process last started
 }
 
 // Options describe a set of replicas.
@@ -180,10 +181,41 @@ func (p *Proc) startOnFreePort(ctx context.Context) error {
 	}
 }
 
-// exitedOnBusyPort reports whether the replica has exited and the last
-// lines of its log say its address was taken.
+// exitedOnBusyPort reports whether the replica has exited and its log,
+// since its last start, says its address was taken.
 func (p *Proc) exitedOnBusyPort() bool {
-	return !p.Running() && strings.Contains(p.Tail(512), "address already in use")
+	return !p.Running() && strings.Contains(p.logSinceStart(), "address already in use")
+}
+
+// servingHere reports whether the replica's log, since its last start,
+// says it serves on its address.
+func (p *Proc) servingHere() bool {
+	log := p.logSinceStart()
+	return strings.Contains(log, "studio is serving") && strings.Contains(log, p.Addr)
+}
+
+// logSinceStart is what the replica logged since its last start (at most
+// its last 64 KB).
+func (p *Proc) logSinceStart() string {
+	p.mu.Lock()
+	from := p.logFrom
+	p.mu.Unlock()
+	f, err := os.Open(p.LogPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	from = max(from, st.Size()-64<<10)
+	if st.Size() <= from {
+		return ""
+	}
+	buf := make([]byte, st.Size()-from)
+	_, _ = f.ReadAt(buf, from)
+	return string(buf)
 }
 
 // Start (re)starts the replica and waits until it answers /readyz.
@@ -192,6 +224,13 @@ func (p *Proc) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	from := int64(0)
+	if st, err := logf.Stat(); err == nil {
+		from = st.Size()
+	}
+	p.mu.Lock()
+	p.logFrom = from
+	p.mu.Unlock()
 	cmd := exec.Command(p.binary, p.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), p.env...)
@@ -223,7 +262,10 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 		resp, err := client.Get(p.URL + "/readyz")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			// A 200 on the port is this replica's only once its own log,
+			// since this start, says it serves there: another test's
+			// process may hold a port FreePort handed out.
+			if resp.StatusCode == http.StatusOK && p.Running() && p.servingHere() {
 				return nil
 			}
 		}

@@ -46,8 +46,8 @@ func TestMetrics(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The release's duration is recorded when its round trip ends, which
-	// no caller waits for: see it land.
+	// The release's duration is recorded when its round trip ends (Release
+	// waited for it; Flush is a no-op then).
 	if err := console.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -70,8 +70,8 @@ func TestMetricsAndDryRun(t *testing.T) {
 		t.Errorf("dry-run log: %q", logs.String())
 	}
 
-	// A give-back's duration is recorded when its round trip ends, which
-	// no caller waits for: see it land.
+	// A release's duration is recorded when its round trip ends: Flush
+	// sees every one land before the counts are read.
 	if err := l.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

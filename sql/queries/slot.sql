@@ -18,8 +18,8 @@
 -- while its previous batch is in flight travel together in the next one,
 -- as databases commit their log for many transactions at once. A batch of
 -- n claims costs one lock statement, one claim and one commit. A release
--- does not keep its caller waiting: it leaves at once in a batch of its
--- own, or in the one about to leave.
+-- leaves at once in a batch of its own, or in the one about to leave; its
+-- caller (a Handler, before its answer completes) waits for it.
 
 -- name: SlotSettings :exec
 -- Opens a batch that claims nothing (releases only) with the planner
