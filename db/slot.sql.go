@@ -372,6 +372,7 @@ func (q *Queries) SlotList(ctx context.Context, db DBTX, kind string) ([]*SlotLi
 }
 
 const slotLockScopes = `-- name: SlotLockScopes :exec
+
 SELECT set_config('jit', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true),
        pg_advisory_xact_lock(1196, k.key)
@@ -387,6 +388,31 @@ type SlotLockScopesParams struct {
 	Scopes []string
 }
 
+// Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
+// in-flight cap and the upload window are all rows of pglimit.slot, told
+// apart by kind (operators read them through the views heavy_permit,
+// request_in_flight and upload_window). The permit package runs these
+// statements with the kind as a parameter, so each is written once for
+// every kind. One row per slot of a scope: a claim takes a free slot
+// number, a release marks the row lapsed, the next claim of that number
+// replaces it in place.
+//
+// A round trip is one pgx Batch, one implicit transaction: SlotLockScopes
+// (the scopes of its claims), SlotRelease (the releases queued with it),
+// then SlotClaimOne for one claim or SlotClaim for several. The locks come
+// first so that a batch never waits for a scope's lock while holding a
+// row lock another batch's claim needs. A batch of releases alone is
+// SlotRelease by itself, without SlotLockScopes' planner settings: a
+// statement of their own cost more than the release's planning (12 % of
+// an in-flight claim + release at 1 client in BenchmarkInFlight, six
+// interleaved runs).
+//
+// Claims and releases are combined: those that one replica's callers make
+// while its previous batch is in flight travel together in the next one,
+// as databases commit their log for many transactions at once. A batch of
+// n claims costs one lock statement, one claim and one commit. A release
+// leaves at once in a batch of its own, or in the one about to leave; its
+// caller (a Handler, before its answer completes) waits for it.
 // Serialises claimers of the same scopes until their transaction ends. It
 // runs before SlotClaim in the same batch, so the claim's snapshot is taken
 // after the lock and sees every slot committed by the claimer before it.
@@ -440,42 +466,4 @@ func (q *Queries) SlotRelease(ctx context.Context, db DBTX, arg *SlotReleasePara
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const slotSettings = `-- name: SlotSettings :exec
-
-SELECT set_config('jit', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true)
-`
-
-// Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
-// in-flight cap and the upload window are all rows of pglimit.slot, told
-// apart by kind (operators read them through the views heavy_permit,
-// request_in_flight and upload_window). The permit package runs these
-// statements with the kind as a parameter, so each is written once for
-// every kind. One row per slot of a scope: a claim takes a free slot
-// number, a release marks the row lapsed, the next claim of that number
-// replaces it in place.
-//
-// A round trip is one pgx Batch, one implicit transaction: SlotLockScopes
-// (the scopes of its claims), SlotRelease (the releases queued with it),
-// then SlotClaimOne for one claim or SlotClaim for several; a batch of
-// releases alone is SlotSettings and SlotRelease. The locks come first so
-// that a batch never waits for a scope's lock while holding a row lock
-// another batch's claim needs.
-//
-// Claims and releases are combined: those that one replica's callers make
-// while its previous batch is in flight travel together in the next one,
-// as databases commit their log for many transactions at once. A batch of
-// n claims costs one lock statement, one claim and one commit. A release
-// leaves at once in a batch of its own, or in the one about to leave; its
-// caller (a Handler, before its answer completes) waits for it.
-// Opens a batch that claims nothing (releases only) with the planner
-// settings SlotLockScopes opens the others with, for the rest of the
-// transaction: the generic plan, which a prepared statement then plans
-// once per connection (planning these statements costs more than running
-// them), and no JIT.
-func (q *Queries) SlotSettings(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, slotSettings)
-	return err
 }

@@ -280,7 +280,8 @@ func (l *Leaser) send(ops []*op) {
 	)
 	// The statements travel in one batch: see sql/queries/slot.sql.
 	if len(claims) == 0 {
-		_ = l.q.SlotSettings(ctx, b)
+		// Releases alone: one statement, no planner settings (they cost a
+		// statement of their own and the release plans cheaply).
 		_, _ = l.q.SlotRelease(ctx, b, &rel)
 		err = b.send(ctx)
 	} else {

@@ -9,10 +9,13 @@
 --
 -- A round trip is one pgx Batch, one implicit transaction: SlotLockScopes
 -- (the scopes of its claims), SlotRelease (the releases queued with it),
--- then SlotClaimOne for one claim or SlotClaim for several; a batch of
--- releases alone is SlotSettings and SlotRelease. The locks come first so
--- that a batch never waits for a scope's lock while holding a row lock
--- another batch's claim needs.
+-- then SlotClaimOne for one claim or SlotClaim for several. The locks come
+-- first so that a batch never waits for a scope's lock while holding a
+-- row lock another batch's claim needs. A batch of releases alone is
+-- SlotRelease by itself, without SlotLockScopes' planner settings: a
+-- statement of their own cost more than the release's planning (12 % of
+-- an in-flight claim + release at 1 client in BenchmarkInFlight, six
+-- interleaved runs).
 --
 -- Claims and releases are combined: those that one replica's callers make
 -- while its previous batch is in flight travel together in the next one,
@@ -20,15 +23,6 @@
 -- n claims costs one lock statement, one claim and one commit. A release
 -- leaves at once in a batch of its own, or in the one about to leave; its
 -- caller (a Handler, before its answer completes) waits for it.
-
--- name: SlotSettings :exec
--- Opens a batch that claims nothing (releases only) with the planner
--- settings SlotLockScopes opens the others with, for the rest of the
--- transaction: the generic plan, which a prepared statement then plans
--- once per connection (planning these statements costs more than running
--- them), and no JIT.
-SELECT set_config('jit', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: SlotLockScopes :exec
 -- Serialises claimers of the same scopes until their transaction ends. It
