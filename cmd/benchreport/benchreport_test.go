@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit/internal/bench"
 	"github.com/pglimit/pglimit/internal/pgtest"
 )
 
@@ -73,7 +74,7 @@ func TestFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"-clients", "0"}, {"-clients", "1,x"}, {"-duration", "0s"}, {"-duration", "2m"},
-		{"-rows", "10"}, {"-alloc-runs", "0"}, {"-rate-rounds", "-1"}, {"-out", ""}, {"extra"},
+		{"-rows", "10"}, {"-alloc-runs", "0"}, {"-rate-rounds", "-1"}, {"-rounds", "0"}, {"-rounds", "101"}, {"-out", ""}, {"extra"},
 	} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
@@ -110,5 +111,23 @@ func TestFormat(t *testing.T) {
 	}
 	if groupDigits(2000000) != "2,000,000" || groupDigits(0) != "0" {
 		t.Error("groupDigits")
+	}
+}
+
+func TestMedianRound(t *testing.T) {
+	t.Parallel()
+	r := func(p50 time.Duration, ops int) bench.Result { return bench.Result{P50: p50, Ops: ops} }
+	for _, tc := range []struct {
+		in   []bench.Result
+		want int // Ops of the round kept
+	}{
+		{[]bench.Result{r(5, 1)}, 1},
+		{[]bench.Result{r(9, 1), r(3, 2), r(5, 3)}, 3},
+		{[]bench.Result{r(9, 1), r(3, 2), r(5, 3), r(4, 4)}, 4},
+		{[]bench.Result{r(2, 1), r(2, 2)}, 1},
+	} {
+		if got := medianRound(tc.in); got.Ops != tc.want {
+			t.Errorf("medianRound(%v) kept the round of %d ops, want %d", tc.in, got.Ops, tc.want)
+		}
 	}
 }

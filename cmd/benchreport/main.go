@@ -7,9 +7,11 @@
 // go test -bench gives a mean per operation; a limit's cost is better read
 // as a latency distribution, so this command runs its own measured loops
 // (package bench): for each path, at 1 and at 16 concurrent clients, each
-// client runs the path's operation in a loop for -duration and every
-// operation's latency is recorded; p50 and p99 are nearest-rank
-// percentiles of all of them, ops/s is all operations over the wall time.
+// client runs the path's operation in a loop and every operation's latency
+// is recorded; p50 and p99 are nearest-rank percentiles of all of them,
+// ops/s is all operations over the wall time. Every path but the pages
+// runs in -rounds interleaved rounds of -duration / -rounds, each round
+// starting with another path, and keeps its median round.
 // Each client warms up with one unrecorded operation. The paths are:
 //
 //   - baselines: SELECT 1 on the same pool (the floor of anything counted
@@ -42,6 +44,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -50,6 +53,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -76,6 +80,7 @@ func main() {
 type options struct {
 	databaseURL string
 	duration    time.Duration
+	rounds      int
 	clients     []int
 	rows        int
 	redis       string
@@ -95,6 +100,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "report to write")
 	fs.StringVar(&o.chart, "chart", "docs/bench-latency.svg", "chart to write (linked from the report by its path relative to it)")
 	fs.IntVar(&o.allocRuns, "alloc-runs", 1000, "runs of each allocation count")
+	fs.IntVar(&o.rounds, "rounds", 3, "interleaved rounds of every path but the pages (each runs -duration / -rounds; the median round is kept)")
 	fs.IntVar(&o.rateRounds, "rate-rounds", 5, "interleaved rounds of the rate limit's comparison with redis_rate (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -116,6 +122,8 @@ func parse(args []string) (*options, error) {
 		return nil, errors.New("-rows must be 0 or from 50 to 50,000,000")
 	case o.allocRuns < 1:
 		return nil, errors.New("-alloc-runs must be at least 1")
+	case o.rounds < 1 || o.rounds > 100:
+		return nil, errors.New("-rounds must be from 1 to 100")
 	case o.rateRounds < 0 || o.rateRounds > 100:
 		return nil, errors.New("-rate-rounds must be from 0 to 100")
 	case o.out == "" || o.chart == "":
@@ -217,11 +225,39 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 	defer stopRequests()
 	paths := append(append(append(suite.Baselines(), suite.Limits()...), pages...), requests...)
 	rep.Paths = paths
+	// Every path but the pages runs in -rounds interleaved rounds, each
+	// starting with another path, so that what else the machine does falls
+	// on all of them alike (a baseline measured in one quiet second and a
+	// path in a busy one would make a false ratio); each path keeps the
+	// round of its median p50. Pages, slow at depth, run once.
+	var interleaved []bench.Path
+	for _, p := range paths {
+		if p.Kind != bench.Page {
+			interleaved = append(interleaved, p)
+		}
+	}
+	each := max(o.duration/time.Duration(o.rounds), time.Millisecond)
 	for _, clients := range o.clients {
+		rounds := map[string][]bench.Result{}
+		for round := range o.rounds {
+			for i := range interleaved {
+				p := interleaved[(i+round)%len(interleaved)]
+				r, err := bench.Measure(ctx, clients, each, 0, p.New)
+				if err != nil {
+					return nil, fmt.Errorf("%s at %d clients: %w", p.Name, clients, err)
+				}
+				rounds[p.Name] = append(rounds[p.Name], r)
+			}
+		}
 		for _, p := range paths {
-			r, err := bench.Measure(ctx, clients, o.duration, 0, p.New)
-			if err != nil {
-				return nil, fmt.Errorf("%s at %d clients: %w", p.Name, clients, err)
+			var r bench.Result
+			if p.Kind == bench.Page {
+				var err error
+				if r, err = bench.Measure(ctx, clients, o.duration, 0, p.New); err != nil {
+					return nil, fmt.Errorf("%s at %d clients: %w", p.Name, clients, err)
+				}
+			} else {
+				r = medianRound(rounds[p.Name])
 			}
 			logf("%-26s %3d clients  p50 %-10v p99 %-10v %9.0f ops/s  (%d ops)", p.Name, clients,
 				r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), r.Throughput(), r.Ops)
@@ -306,6 +342,14 @@ func rateRounds(ctx context.Context, o *options, rep *Report, all []bench.Path, 
 		}
 	}
 	return nil
+}
+
+// medianRound is the round whose p50 is the median of the rounds' (the
+// lower middle one of an even number).
+func medianRound(rs []bench.Result) bench.Result {
+	sorted := slices.Clone(rs)
+	slices.SortStableFunc(sorted, func(a, b bench.Result) int { return cmp.Compare(a.P50, b.P50) })
+	return sorted[(len(sorted)-1)/2]
 }
 
 // machine describes the machine the run is on.

@@ -145,13 +145,14 @@ func (r *Report) Markdown(chart string) string {
 	w("\n")
 	w("- **PostgreSQL:** %s, %s; one pgx pool of %d connections for every path\n", r.PostgreSQL, r.Database, r.PoolSize)
 	w("- **Redis:** %s\n", r.Redis)
-	w("- **Run:** %v per path and client count, clients %s, page fixture %s rows, %v in all\n\n",
-		o.duration, joinInts(o.clients), groupDigits(o.rows), r.Finished.Sub(r.Started).Round(time.Second))
+	w("- **Run:** %v per path and client count (%d interleaved rounds; pages in one), clients %s, page fixture %s rows, %v in all\n\n",
+		o.duration, o.rounds, joinInts(o.clients), groupDigits(o.rows), r.Finished.Sub(r.Started).Round(time.Second))
 
 	w("## How it is measured\n\n")
 	w("`go test -bench` reports a mean per operation; a limit's cost is better read as a latency distribution, so `cmd/benchreport` runs its own loops (package `internal/bench`). ")
-	w("For each path and client count, every client runs the path's operation in a loop for the duration after one unrecorded warm-up operation, and the latency of every operation is recorded: ")
+	w("For each path and client count, every client runs the path's operation in a loop after one unrecorded warm-up operation, and the latency of every operation is recorded: ")
 	w("p50 and p99 are nearest-rank percentiles of all of them, ops/s is all operations over the wall time. ")
+	w("Every path but the pages runs in %d interleaved rounds of a share of the duration, each round starting with another path, so that what else the machine does falls on the paths and their baselines alike; each path's figures are those of its median round (by p50). ", o.rounds)
 	w("Clients are goroutines sharing one pool, as the handlers of one replica do; each client is its own user, token or sign-in key, so no limit is reached and what is measured is the cost of a grant. ")
 	w("Ratios divide a path's p50 by the baseline's p50 at the same client count. ")
 	w("At 16 clients on a machine of %s CPUs the figures include queueing for the CPU (client, pool and server share it): read them as throughput under contention.\n\n", numCPU(r.Machine))
