@@ -215,10 +215,21 @@ func (e *env) churn(ctx context.Context) (*Churn, error) {
 	if err != nil {
 		return out, err
 	}
-	if res, err := keeper.RunOnce(ctx); err != nil {
-		return out, fmt.Errorf("housekeeping: %w", err)
-	} else if !res.Ran {
-		return out, errors.New("housekeeping: the final sweep did not run (another sweeper held the lock)")
+	// A stopped replica's last sweep may still hold the lock on the server
+	// for a moment (its canceled statement's backend has not ended its
+	// transaction yet): the sweep is tried again until it runs.
+	for attempt := 1; ; attempt++ {
+		res, err := keeper.RunOnce(ctx)
+		if err != nil {
+			return out, fmt.Errorf("housekeeping: %w", err)
+		}
+		if res.Ran {
+			break
+		}
+		if attempt == 40 {
+			return out, errors.New("housekeeping: the final sweep did not run in 10 s (another sweeper held the lock)")
+		}
+		sleep(ctx, 250*time.Millisecond)
 	}
 	final, _, err := e.sample(ctx, &load, before, base)
 	if err != nil {
