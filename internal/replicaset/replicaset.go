@@ -200,22 +200,7 @@ func (p *Proc) logSinceStart() string {
 	p.mu.Lock()
 	from := p.logFrom
 	p.mu.Unlock()
-	f, err := os.Open(p.LogPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	from = max(from, st.Size()-64<<10)
-	if st.Size() <= from {
-		return ""
-	}
-	buf := make([]byte, st.Size()-from)
-	_, _ = f.ReadAt(buf, from)
-	return string(buf)
+	return p.readLog(from, 64<<10)
 }
 
 // Start (re)starts the replica and waits until it answers /readyz.
@@ -322,7 +307,11 @@ func (p *Proc) Running() bool {
 }
 
 // Tail returns the last n bytes of the replica's log.
-func (p *Proc) Tail(n int64) string {
+func (p *Proc) Tail(n int64) string { return p.readLog(0, n) }
+
+// readLog returns the replica's log from offset from, or its last n bytes
+// when there are more.
+func (p *Proc) readLog(from, n int64) string {
 	f, err := os.Open(p.LogPath)
 	if err != nil {
 		return ""
@@ -332,9 +321,12 @@ func (p *Proc) Tail(n int64) string {
 	if err != nil {
 		return ""
 	}
-	off := max(0, st.Size()-n)
-	buf := make([]byte, st.Size()-off)
-	_, _ = f.ReadAt(buf, off)
+	from = max(from, st.Size()-n, 0)
+	if st.Size() <= from {
+		return ""
+	}
+	buf := make([]byte, st.Size()-from)
+	_, _ = f.ReadAt(buf, from)
 	return string(buf)
 }
 
