@@ -153,14 +153,22 @@ func TestExportFailuresAreAudited(t *testing.T) {
 	unbounded := studioOn(t, dbURL, 1, "-export-time", "10m")[0].URL
 	obs := pgtest.Pool(t, dbURL, 2)
 	ctx := context.Background()
-	lastExport := func(actor string) map[string]any {
+	lastEvent := func() (id int64) {
+		if err := obs.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM audit_event`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// exportAfter is actor's first audit.export event after event id after.
+	exportAfter := func(actor string, after int64) map[string]any {
 		var detail map[string]any
 		waitFor(t, 10*time.Second, "the audit.export event of "+actor, func() bool {
-			err := obs.QueryRow(ctx, `SELECT detail FROM audit_event WHERE action = 'audit.export' AND actor = $1 ORDER BY id DESC LIMIT 1`, actor).Scan(&detail)
+			err := obs.QueryRow(ctx, `SELECT detail FROM audit_event WHERE action = 'audit.export' AND actor = $1 AND id > $2 ORDER BY id LIMIT 1`, actor, after).Scan(&detail)
 			return err == nil
 		})
 		return detail
 	}
+	lastExport := func(actor string) map[string]any { return exportAfter(actor, 0) }
 
 	// The time bound before any row: the export's read waits on a lock.
 	tx, err := obs.Begin(ctx)
@@ -188,45 +196,69 @@ func TestExportFailuresAreAudited(t *testing.T) {
 
 	// Mid-stream: a client that reads slowly keeps the export running
 	// while the test ends it, by terminating its backend or by leaving.
+	// The backend is terminated only while it waits to send rows
+	// (ClientWrite): one that has sent all it will send into the socket
+	// buffers (up to 32 MB here) is past the middle of its stream, and the
+	// try is made again.
 	for _, tc := range []struct {
 		actor, token, reason string
-		end                  func(cancel func())
+		end                  func(cancel func()) bool // false: not mid-stream, try again
 	}{
-		{"bob", "bob-token", "database-unavailable", func(func()) {
+		{"bob", "bob-token", "database-unavailable", func(func()) bool {
 			// Only this test's database: the server may be shared with
 			// other tests running the same export.
-			var terminated int
-			if err := obs.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND query LIKE '%FROM audit_event%ORDER BY occurred_at%'
-				AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&terminated); err != nil {
-				t.Error(err)
+			ended := false
+			deadline := time.Now().Add(3 * time.Second)
+			for !ended && time.Now().Before(deadline) {
+				var terminated int
+				if err := obs.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE datname = current_database() AND query LIKE '%FROM audit_event%ORDER BY occurred_at%'
+					AND pid <> pg_backend_pid() AND state <> 'idle' AND wait_event = 'ClientWrite'`).Scan(&terminated); err != nil {
+					t.Error(err)
+					return true
+				}
+				if terminated > 1 {
+					t.Errorf("terminated %d backends running the export, want 1", terminated)
+				}
+				ended = terminated > 0
+				if !ended {
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
-			if terminated != 1 {
-				t.Errorf("terminated %d backends running the export, want 1", terminated)
-			}
+			return ended
 		}},
-		{"carol", "carol-token", "client-gone", func(cancel func()) { cancel() }},
+		{"carol", "carol-token", "client-gone", func(cancel func()) bool { cancel(); return true }},
 	} {
-		reqCtx, cancel := context.WithCancel(ctx)
-		req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, unbounded+"/api/audit/export", nil)
-		req.Header.Set("Authorization", "Bearer "+tc.token)
-		resp, err := smallBufferClient().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := resp.Body.Read(make([]byte, 512)); err != nil {
-			t.Fatal(err)
-		}
-		tc.end(cancel)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		cancel()
-		got := lastExport(tc.actor)
-		if got["partial"] != true || got["reason"] != tc.reason || got["bound"] != nil {
-			t.Errorf("audit.export of an export that ended with %s: %v", tc.reason, got)
-		}
-		if rows, _ := got["rows"].(float64); rows <= 0 || rows >= 100000 {
-			t.Errorf("audit.export of an export that ended with %s: rows %v", tc.reason, got["rows"])
+		for attempt := 1; ; attempt++ {
+			before := lastEvent()
+			reqCtx, cancel := context.WithCancel(ctx)
+			req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, unbounded+"/api/audit/export", nil)
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+			resp, err := smallBufferClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := resp.Body.Read(make([]byte, 512)); err != nil {
+				t.Fatal(err)
+			}
+			midStream := tc.end(cancel)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			cancel()
+			got := exportAfter(tc.actor, before)
+			if !midStream {
+				if attempt == 3 {
+					t.Fatalf("%s: the export's backend never waited to send rows in 3 tries (last: %v)", tc.reason, got)
+				}
+				continue
+			}
+			if got["partial"] != true || got["reason"] != tc.reason || got["bound"] != nil {
+				t.Errorf("audit.export of an export that ended with %s: %v", tc.reason, got)
+			}
+			if rows, _ := got["rows"].(float64); rows <= 0 || rows >= 100000 {
+				t.Errorf("audit.export of an export that ended with %s: rows %v", tc.reason, got["rows"])
+			}
+			break
 		}
 	}
 }
