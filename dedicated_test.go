@@ -57,7 +57,7 @@ func TestDedicatedLimitsDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	throttle, err := signin.New(limits, signin.Options{Limit: 3})
+	throttle, err := signin.New(limits, signin.Options{Lenient: true, Limit: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

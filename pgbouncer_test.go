@@ -174,7 +174,7 @@ func runModeWorkload(t *testing.T, b *pgbouncer.Bouncer, upstream, mode string) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		throttle, err := signin.New(pool, signin.Options{Limit: 3})
+		throttle, err := signin.New(pool, signin.Options{Lenient: true, Limit: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -466,7 +466,7 @@ func BenchmarkExecModes(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			throttle, err := signin.New(pool, signin.Options{})
+			throttle, err := signin.New(pool, signin.Options{Lenient: true})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/housekeeping"
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -42,10 +43,14 @@ type RunOptions struct {
 }
 
 // Run runs what every replica of a service runs in the background, until
-// ctx ends: the replica registry's heartbeat (package replica) and the
-// housekeeping of lapsed rows (package housekeeping). When ctx ends it
-// waits for both (the registry marks its row not ready and deletes it) and
-// returns nil.
+// ctx ends: the replica registry's heartbeat (package replica), the
+// housekeeping of lapsed rows (package housekeeping), and the listener of
+// invalidations (LISTEN pglimit, on a connection of its own beside the
+// pool), which lets the rate limit and the sign-in throttle answer
+// refusals that hold until a known time from memory: while it is down,
+// and in a service that does not call Run, every decision is a statement.
+// When ctx ends it waits for all three (the registry marks its row not
+// ready and deletes it) and returns nil.
 //
 // Options are checked before anything starts, and a bad one is returned at
 // once. A part that stops early with an error stops the other one too, and
@@ -75,7 +80,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts RunOptions) error {
 	if err != nil {
 		return fmt.Errorf("pglimit: Run: %w", err)
 	}
-	return runAll(ctx, registry.Run, keeper.Run)
+	listen := func(ctx context.Context) error { return bus.Run(ctx, pool, opts.Logger) }
+	return runAll(ctx, registry.Run, keeper.Run, listen)
 }
 
 // runAll runs every part until ctx ends, or until one returns an error,

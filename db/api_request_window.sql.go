@@ -12,6 +12,97 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const aPIRequestWindowBorrow = `-- name: APIRequestWindowBorrow :one
+WITH request AS (
+    SELECT $3::text AS policy, $4::interval AS unit, $5::interval AS tolerance,
+           $6::int AS need, $7::int AS want
+)
+INSERT INTO pglimit.api_request_window AS w (name, key, policies, tats, allowed, decided_at, expires_at, borrowed)
+SELECT $1::text, $2::text, ARRAY[r.policy],
+       ARRAY[c.at + r.unit * b.units], b.units > 0, c.at, c.at + r.unit * b.units, b.units
+FROM request AS r
+CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.need > f.free THEN 0
+                ELSE greatest(r.need, least(r.need + r.want, floor(f.free / 2)::int)) END AS units
+    FROM (SELECT floor(extract(epoch FROM r.tolerance) / extract(epoch FROM r.unit)) AS free) AS f
+) AS b
+ON CONFLICT (name, key) DO UPDATE SET (tats, allowed, decided_at, expires_at, borrowed) = (
+    SELECT CASE WHEN x.units > 0 THEN ARRAY[x.base + r.unit * x.units] ELSE w.tats END,
+           x.units > 0, x.at,
+           CASE WHEN x.units > 0 THEN x.base + r.unit * x.units ELSE w.expires_at END,
+           x.units
+    FROM request AS r
+    CROSS JOIN LATERAL (
+        SELECT f.at, f.base,
+               CASE WHEN r.need > f.free THEN 0
+                    ELSE greatest(r.need, least(r.need + r.want, floor(f.free * CASE
+                        WHEN f.free * 2 >= f.burst THEN 0.5
+                        WHEN f.free * 5 >= f.burst THEN 0.25
+                        ELSE 0.1 END)::int)) END AS units
+        FROM (
+            SELECT c.at, greatest(w.tats[1], c.at) AS base,
+                   floor(extract(epoch FROM c.at + r.tolerance - greatest(w.tats[1], c.at))
+                         / extract(epoch FROM r.unit)) AS free,
+                   floor(extract(epoch FROM r.tolerance) / extract(epoch FROM r.unit)) AS burst
+            FROM (SELECT clock_timestamp() AS at) AS c
+        ) AS f
+    ) AS x
+)
+WHERE w.policies = ARRAY[$3::text]
+RETURNING allowed, tats[1]::timestamptz AS tat, decided_at, borrowed
+`
+
+type APIRequestWindowBorrowParams struct {
+	Name      string
+	Key       string
+	Policy    string
+	Unit      pgtype.Interval
+	Tolerance pgtype.Interval
+	Need      int32
+	Want      int32
+}
+
+type APIRequestWindowBorrowRow struct {
+	Allowed   bool
+	Tat       time.Time
+	DecidedAt time.Time
+	Borrowed  int32
+}
+
+// Borrows units of one policy for a replica to spend in memory
+// (ratelimit.Options.Borrow): it spends, all or nothing, @need units (the
+// request at hand) and up to @want more, at most a share of what the key
+// has free (what the bucket holds now, in units of @unit, the policy's T):
+// half while at least half is free, a quarter down to a fifth, a tenth
+// below, so a replica never takes much of a bucket others are emptying.
+// The units are the GCRA's: the batch moves the key's TAT from base to tat,
+// and the replica may spend the unit ending at base + k*T only up to
+// base + (k-1)*T on the database clock, which keeps every replica's
+// admissions within burst + rate x L. Like APIRequestWindowDecideOne it
+// returns no row when the key's row holds other policies too. A refusal
+// (units 0) writes only allowed and decided_at.
+// A new row's bucket is full: tolerance / unit units free.
+func (q *Queries) APIRequestWindowBorrow(ctx context.Context, db DBTX, arg *APIRequestWindowBorrowParams) (*APIRequestWindowBorrowRow, error) {
+	row := db.QueryRow(ctx, aPIRequestWindowBorrow,
+		arg.Name,
+		arg.Key,
+		arg.Policy,
+		arg.Unit,
+		arg.Tolerance,
+		arg.Need,
+		arg.Want,
+	)
+	var i APIRequestWindowBorrowRow
+	err := row.Scan(
+		&i.Allowed,
+		&i.Tat,
+		&i.DecidedAt,
+		&i.Borrowed,
+	)
+	return &i, err
+}
+
 const aPIRequestWindowDecide = `-- name: APIRequestWindowDecide :one
 WITH request AS (
     SELECT $3::text[] AS policies, $4::interval[] AS increments,
@@ -228,6 +319,41 @@ func (q *Queries) APIRequestWindowDeleteLapsed(ctx context.Context, db DBTX, bat
 	return result.RowsAffected(), nil
 }
 
+const aPIRequestWindowGiveBack = `-- name: APIRequestWindowGiveBack :execrows
+UPDATE pglimit.api_request_window
+SET tats = ARRAY[greatest($1::timestamptz, clock_timestamp())],
+    expires_at = greatest($1::timestamptz, clock_timestamp())
+WHERE name = $2::text AND key = $3::text AND policies = ARRAY[$4::text]
+  AND tats[1] = $5::timestamptz
+`
+
+type APIRequestWindowGiveBackParams struct {
+	Kept   time.Time
+	Name   string
+	Key    string
+	Policy string
+	Tat    time.Time
+}
+
+// Gives back the units of a batch a replica did not spend: the key's TAT
+// moves back to @kept (the end of what the replica spent; the clock when
+// that is past), only if it still ends where the batch ended (@tat): once
+// another decision spent after the batch, its units are in the middle and
+// lapse by themselves instead.
+func (q *Queries) APIRequestWindowGiveBack(ctx context.Context, db DBTX, arg *APIRequestWindowGiveBackParams) (int64, error) {
+	result, err := db.Exec(ctx, aPIRequestWindowGiveBack,
+		arg.Kept,
+		arg.Name,
+		arg.Key,
+		arg.Policy,
+		arg.Tat,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const aPIRequestWindowList = `-- name: APIRequestWindowList :many
 SELECT key, policies, tats, allowed, decided_at, expires_at
 FROM pglimit.api_request_window
@@ -277,4 +403,24 @@ func (q *Queries) APIRequestWindowList(ctx context.Context, db DBTX, arg *APIReq
 		return nil, err
 	}
 	return items, nil
+}
+
+const aPIRequestWindowReset = `-- name: APIRequestWindowReset :exec
+WITH cleared AS (
+    DELETE FROM pglimit.api_request_window WHERE name = $1::text AND key = $2::text
+)
+SELECT pg_notify('pglimit', 'rate/' || $1::text || chr(10) || $2::text)
+`
+
+type APIRequestWindowResetParams struct {
+	Name string
+	Key  string
+}
+
+// An operator clears a key's state (ratelimit.Limiter.Reset), and every
+// replica forgets what it remembers of the key (pg_notify, payload "rate/",
+// the limiter's name, a newline, the key).
+func (q *Queries) APIRequestWindowReset(ctx context.Context, db DBTX, arg *APIRequestWindowResetParams) error {
+	_, err := db.Exec(ctx, aPIRequestWindowReset, arg.Name, arg.Key)
+	return err
 }

@@ -11,7 +11,11 @@ import (
 )
 
 const loginAttemptClear = `-- name: LoginAttemptClear :exec
-DELETE FROM pglimit.login_attempt WHERE key = $1::text
+WITH cleared AS (
+    DELETE FROM pglimit.login_attempt WHERE key = $1::text
+    RETURNING key
+)
+SELECT pg_notify('pglimit', 'signin' || chr(10) || c.key) FROM cleared AS c
 `
 
 // A successful sign-in clears the key's failures.
@@ -191,12 +195,42 @@ func (q *Queries) LoginAttemptReserve(ctx context.Context, db DBTX, arg *LoginAt
 	return &i, err
 }
 
-const loginAttemptUnreserve = `-- name: LoginAttemptUnreserve :exec
-UPDATE pglimit.login_attempt
-SET failures = failures - 1
-WHERE key = $1::text AND failures > 0 AND expires_at > now()
+const loginAttemptReset = `-- name: LoginAttemptReset :one
+WITH cleared AS (
+    DELETE FROM pglimit.login_attempt WHERE key = $1::text
+    RETURNING failures
+), notified AS (
+    SELECT pg_notify('pglimit', 'signin' || chr(10) || $1::text)
+)
+SELECT coalesce((SELECT sum(failures) FROM cleared), 0)::int AS failures
+FROM notified
 `
 
+// An operator clears the key's failures (signin.Limiter.Reset), and every
+// replica forgets the key's refusal, whether a row was there or not.
+// Returns the failures the row had (0: none).
+func (q *Queries) LoginAttemptReset(ctx context.Context, db DBTX, key string) (int32, error) {
+	row := db.QueryRow(ctx, loginAttemptReset, key)
+	var failures int32
+	err := row.Scan(&failures)
+	return failures, err
+}
+
+const loginAttemptUnreserve = `-- name: LoginAttemptUnreserve :exec
+
+WITH given_back AS (
+    UPDATE pglimit.login_attempt
+    SET failures = failures - 1
+    WHERE key = $1::text AND failures > 0 AND expires_at > now()
+    RETURNING key
+)
+SELECT pg_notify('pglimit', 'signin' || chr(10) || g.key) FROM given_back AS g
+`
+
+// Every write that lowers a key's count tells every replica at commit
+// (pg_notify on the channel pglimit, payload "signin", a newline, the key):
+// a replica answers a throttled key's sign-ins from memory until its window
+// ends (package middleware/signin), and forgets it on this notification.
 // Strict mode: gives back a reservation whose attempt never checked a
 // password (a malformed request, a server error).
 func (q *Queries) LoginAttemptUnreserve(ctx context.Context, db DBTX, key string) error {

@@ -18,6 +18,7 @@ type PglimitApiRequestWindow struct {
 	Allowed   bool
 	DecidedAt time.Time
 	ExpiresAt time.Time
+	Borrowed  int32
 }
 
 type PglimitHeavyPermit struct {

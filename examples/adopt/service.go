@@ -36,8 +36,8 @@ type service struct {
 //	GET /reports/usage                   the user's spending per month (Bearer token): heavy
 //	GET /healthz                         200 once migrated
 func (s *service) routes() (http.Handler, error) {
-	throttle, err := signin.New(s.pool, signin.Options{Strict: true}) // pglimit:signin
-	if err != nil {                                                   // pglimit:signin
+	throttle, err := signin.New(s.pool, signin.Options{}) // pglimit:signin
+	if err != nil {                                       // pglimit:signin
 		return nil, err // pglimit:signin
 	} // pglimit:signin
 	reports, err := heavy.New(s.pool, heavy.Options{Name: "usage-report", Key: userKey, Limit: 2, Time: 10 * time.Second}) // pglimit:heavy

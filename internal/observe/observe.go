@@ -99,6 +99,7 @@ type Limit struct {
 	decisions metric.Int64Counter
 	durations metric.Float64Histogram
 	outcomes  map[outcomeScope][]metric.AddOption // made once: a call allocates nothing for them
+	memory    map[outcomeScope][]metric.AddOption // the same, with source "memory"
 	ops       map[string][]metric.RecordOption
 	refusals  *minuteCounter
 	dryLog    Sampled
@@ -119,7 +120,8 @@ func New(o Options) (*Limit, error) {
 	}
 	meter := o.MeterProvider.Meter(MeterName)
 	l := &Limit{name: o.Name, dryRun: o.DryRun, log: o.Logger,
-		outcomes: map[outcomeScope][]metric.AddOption{}, ops: map[string][]metric.RecordOption{}}
+		outcomes: map[outcomeScope][]metric.AddOption{}, memory: map[outcomeScope][]metric.AddOption{},
+		ops: map[string][]metric.RecordOption{}}
 	var err error
 	if l.decisions, err = meter.Int64Counter(MetricDecisions,
 		metric.WithDescription("Decisions of pglimit's limits, by limit, outcome and kind of scope."),
@@ -134,6 +136,9 @@ func New(o Options) (*Limit, error) {
 	for _, scope := range o.Scopes {
 		for _, outcome := range []string{Granted, Refused, DryRunRefused, Error} {
 			l.outcomes[outcomeScope{outcome, scope}] = []metric.AddOption{l.outcomeOption(outcome, scope)}
+		}
+		for _, outcome := range []string{Granted, Refused} {
+			l.memory[outcomeScope{outcome, scope}] = []metric.AddOption{l.outcomeOption(outcome, scope, attribute.String("source", SourceMemory))}
 		}
 	}
 	for _, op := range []string{Claim, Release, Check, Record} {
@@ -153,12 +158,33 @@ func (l *Limit) opOption(op string) metric.RecordOption {
 	return metric.WithAttributeSet(attribute.NewSet(attribute.String("limit", l.name), attribute.String("op", op)))
 }
 
-func (l *Limit) outcomeOption(outcome, scope string) metric.AddOption {
+func (l *Limit) outcomeOption(outcome, scope string, more ...attribute.KeyValue) metric.AddOption {
 	attrs := []attribute.KeyValue{attribute.String("limit", l.name), attribute.String("outcome", outcome)}
 	if scope != "" {
 		attrs = append(attrs, attribute.String("scope", scope))
 	}
-	return metric.WithAttributeSet(attribute.NewSet(attrs...))
+	return metric.WithAttributeSet(attribute.NewSet(append(attrs, more...)...))
+}
+
+// SourceMemory is the attribute source of a decision made from what a
+// replica remembers, with no statement (a refusal that holds until a
+// known time, a borrowed unit).
+const SourceMemory = "memory"
+
+// GrantedFromMemory counts a decision granted from memory (attribute
+// source "memory").
+func (l *Limit) GrantedFromMemory(ctx context.Context, scope string) {
+	l.decisions.Add(ctx, 1, l.memory[outcomeScope{Granted, scope}]...)
+}
+
+// RefusedFromMemory counts a refusal answered from memory (attribute
+// source "memory") and adds it to the installation's refusals of this
+// minute, as Refused does. A limit in dry run never answers from memory.
+func (l *Limit) RefusedFromMemory(ctx context.Context, scope string) {
+	if l.refusals != nil {
+		l.refusals.add()
+	}
+	l.decisions.Add(ctx, 1, l.memory[outcomeScope{Refused, scope}]...)
 }
 
 // Name is the limit's name.

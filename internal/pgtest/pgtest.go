@@ -59,6 +59,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/embedpg"
 	"github.com/pglimit/pglimit/sql/schema"
 )
@@ -574,4 +575,67 @@ func (e *exampleTB) cleanup() {
 	for i := len(e.cleanups) - 1; i >= 0; i-- {
 		e.cleanups[i]()
 	}
+}
+
+// Listen runs the invalidation bus of each pool (internal/bus, as
+// pglimit.Run runs it in a service) until the test ends, and waits until
+// every one is Live: the limiters on those pools then answer refusals from
+// memory.
+func Listen(t TB, pools ...*pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, pool := range pools {
+		wg.Go(func() { _ = bus.Run(ctx, pool, nil) })
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for _, pool := range pools {
+		for !bus.For(pool).Live() {
+			if time.Now().After(deadline) {
+				t.Fatalf("pgtest: the invalidation bus did not turn live within 30s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// TableActivity is what the database's statistics say was done to one of
+// pglimit's tables (pg_stat_user_tables): an observer independent of the
+// code under test. Writes are rows inserted and updated; IndexScans the
+// scans of its indexes (every statement that finds a key's row by its
+// primary key, an ON CONFLICT's check included).
+type TableActivity struct{ Writes, IndexScans int64 }
+
+// Activity closes pools (a backend hands its counts to the statistics
+// when it exits) and returns table's activity in the database of url once
+// the counts have stopped moving.
+func Activity(t TB, url, table string, pools ...*pgxpool.Pool) TableActivity {
+	t.Helper()
+	for _, p := range pools {
+		p.Close()
+	}
+	obs := Pool(t, url, 1)
+	var last TableActivity
+	stable := 0
+	deadline := time.Now().Add(20 * time.Second)
+	for first := true; time.Now().Before(deadline); first = false {
+		var a TableActivity
+		if err := obs.QueryRow(context.Background(), `SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::bigint,
+			coalesce(sum(idx_scan), 0)::bigint
+			FROM pg_stat_user_tables WHERE schemaname = 'pglimit' AND relname = $1`, table).Scan(&a.Writes, &a.IndexScans); err != nil {
+			t.Fatalf("pgtest: activity: %v", err)
+		}
+		if !first && a == last {
+			if stable++; stable == 3 {
+				return a
+			}
+		} else {
+			stable = 0
+		}
+		last = a
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Fatalf("pgtest: the statistics of %s did not settle within 20s (last %+v)", table, last)
+	return last
 }

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/pglimit/pglimit"
 )
 
 // MaxWindow bounds a Policy's Window.
@@ -15,6 +13,11 @@ const MaxWindow = 366 * 24 * time.Hour
 
 // MaxPolicies bounds the policies of one request.
 const MaxPolicies = 16
+
+// maxUnits bounds a Policy's Limit and Burst: a million units a window
+// (the unit's time is at least a microsecond, the database clock's
+// resolution, for a Window of one second).
+const maxUnits = 1_000_000
 
 // maxNameLen bounds a limiter's or a policy's name.
 const maxNameLen = 64
@@ -36,12 +39,12 @@ type Policy struct {
 	// different names. Required.
 	Name string
 	// Limit is the sustained number of units allowed per Window (the
-	// header's q): 1..pglimit.MaxLimit. Required.
+	// header's q): 1..1,000,000. Required.
 	Limit int
 	// Window is the period of Limit (the header's w): a whole number of
 	// seconds, from one second to MaxWindow. Required.
 	Window time.Duration
-	// Burst is the most units a key may spend at once: 1..pglimit.MaxLimit.
+	// Burst is the most units a key may spend at once: 1..1,000,000.
 	// Default Limit.
 	Burst int
 }
@@ -102,14 +105,14 @@ func checkPolicies(ps []Policy) error {
 				return policyError("two policies named %q", p.Name)
 			}
 		}
-		if p.Limit < 1 || p.Limit > pglimit.MaxLimit {
-			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, pglimit.MaxLimit)
+		if p.Limit < 1 || p.Limit > maxUnits {
+			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, maxUnits)
 		}
 		if p.Window < time.Second || p.Window > MaxWindow || p.Window%time.Second != 0 {
 			return policyError("policy %q: Window %v is not a whole number of seconds within 1s..%v", p.Name, p.Window, MaxWindow)
 		}
-		if p.Burst < 0 || p.Burst > pglimit.MaxLimit {
-			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, pglimit.MaxLimit)
+		if p.Burst < 0 || p.Burst > maxUnits {
+			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, maxUnits)
 		}
 	}
 	return nil
@@ -153,8 +156,8 @@ func ParseRate(s string) (limit int, window time.Duration, ok bool, err error) {
 		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: the unit is s, m or h", s)
 	}
 	limit, err = strconv.Atoi(n)
-	if err != nil || limit < 1 || limit > pglimit.MaxLimit {
-		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, pglimit.MaxLimit)
+	if err != nil || limit < 1 || limit > maxUnits {
+		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, maxUnits)
 	}
 	return limit, window, true, nil
 }

@@ -61,6 +61,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -71,7 +72,9 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
 )
 
@@ -130,6 +133,15 @@ type Options struct {
 	// Timeout bounds the database work of one decision when the caller's
 	// context has no sooner deadline. Default 5s.
 	Timeout time.Duration
+	// Borrow lets a replica take a key it decides often (ten times a
+	// second or more) in batches: one statement spends up to about a
+	// second of the policy's units, at most a share of what the key has
+	// free, and the replica spends them in memory (see Borrowing). It
+	// never admits past the policy's bound; the units a replica holds may
+	// refuse another replica's request that would have fit. Keys judged by
+	// several policies, and dry run, decide in the database per request.
+	// Default false: every admission is a statement.
+	Borrow bool
 	// OnError writes every response the middleware writes itself: a
 	// refusal (*LimitError), a database that cannot be reached or timed
 	// out, an invalid policy. Default WriteError.
@@ -161,6 +173,11 @@ type Limiter struct {
 	incidents  metric.Int64Counter
 	incident   incidents
 	errLog     observe.Sampled
+	// memory answers refusals that hold until a known time; borrow is
+	// nil unless Options.Borrow.
+	sub    *bus.Subscription
+	memory *memo.Table[*refusal]
+	borrow *borrower
 	// generalOnly makes every decision use APIRequestWindowDecide (tests
 	// compare the two statements).
 	generalOnly bool
@@ -220,7 +237,58 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		onError: opts.OnError, log: opts.Logger, obs: obs, incidents: incidents,
 	}
 	l.incident.init(l)
+	b := bus.For(pool)
+	l.sub = b.Subscribe(bus.TopicRate+l.name, l.forget, l.forgetAll)
+	l.memory = memo.New[*refusal](b, l.sub)
+	if opts.Borrow && !opts.DryRun {
+		if l.borrow, err = newBorrower(l, opts.MeterProvider); err != nil {
+			return nil, err
+		}
+	}
 	return l, nil
+}
+
+// forget drops what this replica remembers of a key (stored form): an
+// operator reset it.
+func (l *Limiter) forget(key string) {
+	l.memory.Forget(key)
+	if l.borrow != nil {
+		l.borrow.drop(key)
+	}
+}
+
+func (l *Limiter) forgetAll() {
+	l.memory.ForgetAll()
+}
+
+// Reset clears key's state on every replica: its row in
+// api_request_window goes, and every replica forgets the refusals and
+// borrowed units of the key it remembers, within about a second (the
+// notification of the same statement). The key's next request starts a
+// full bucket. For an operator who lets a client in again.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if key == "" {
+		return errors.New("ratelimit: empty key")
+	}
+	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	if err := l.q.APIRequestWindowReset(ctx, l.pool, &db.APIRequestWindowResetParams{Name: l.name, Key: storableKey(key)}); err != nil {
+		return fmt.Errorf("ratelimit: reset: %w", dberr.OwnTimeout(ctx, err))
+	}
+	return nil
+}
+
+// Flush gives back the units this replica borrowed and has not spent
+// (Options.Borrow), so other replicas may spend them: call it when the
+// replica shuts down. Without borrowing it does nothing.
+func (l *Limiter) Flush(ctx context.Context) error {
+	if l.borrow == nil {
+		return nil
+	}
+	if err := l.borrow.flush(ctx); err != nil {
+		return fmt.Errorf("ratelimit: flush: %w", err)
+	}
+	return nil
 }
 
 // Name is the limiter's name.
@@ -298,8 +366,33 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	if never := exceedsBurst(policies, cost); never != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
 	}
+	stored := storableKey(key)
+	dryRun := l.obs.DryRun()
+	if !dryRun {
+		le, gate := l.recall(stored, cost, policies)
+		if le == nil && gate != nil {
+			// The key was refused lately: this replica's statements for it
+			// take turns, and each looks again first, so that one asks
+			// the database when the refusal lapses.
+			gate.Lock()
+			defer gate.Unlock()
+			le, _ = l.recall(stored, cost, policies)
+		}
+		if le != nil {
+			l.obs.RefusedFromMemory(ctx, scopeKey)
+			return nil, le
+		}
+	}
+	if l.borrow != nil && len(policies) == 1 && cost > 0 {
+		p, err, done := l.borrow.acquire(ctx, stored, cost, policies[0], policies)
+		if done {
+			return l.borrowed(ctx, key, p, err)
+		}
+	}
+	seq := l.memory.Seq()
 	start := time.Now()
-	d, err := l.decide(ctx, storableKey(key), cost, policies)
+	d, err := l.decide(ctx, stored, cost, policies)
+	received := time.Now()
 	l.obs.Took(ctx, observe.Check, start)
 	if err != nil {
 		if !isCanceled(ctx, err) {
@@ -310,10 +403,88 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	}
 	l.incident.recovered(ctx)
 	if d.refusal != nil {
+		if !dryRun {
+			l.remember(stored, policies, cost, d, start, received, seq)
+		}
 		return l.refused(ctx, key, d.refusal)
 	}
 	l.obs.Granted(ctx, scopeKey)
 	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at}, nil
+}
+
+// refusal is a refusal remembered (package memo): under GCRA a key's TATs
+// only move later until an operator resets the key (other replicas can
+// spend more, never less), so a refusal of a key, for a cost and a set of
+// policies, holds for every request of that key of that cost or more under
+// the same policies until the time the statement named.
+type refusal struct {
+	policies []Policy
+	cost     int
+	tats     []time.Time
+	clock    clock
+}
+
+// clock maps this replica's clock to the database's, from one statement:
+// at is its time on the database clock, sent and received when it was sent
+// and answered on this replica's (monotonic) clock. The database read its
+// clock between the two, so at + (t − sent) is at least the database's
+// time at t and at + (t − received) at most.
+type clock struct{ at, sent, received time.Time }
+
+// above is the database's time at t, from above: what a borrowed unit is
+// judged by, which must never be spent late.
+func (c clock) above(t time.Time) time.Time { return c.at.Add(t.Sub(c.sent)) }
+
+// below is the database's time at t, from below: what a remembered refusal
+// is judged by and reports (its At and Retry-After). A refusal holds at
+// that moment, which is at most the statement's way back (answer and
+// commit) before the request: the same as a request that waited that long
+// on its way to the database.
+func (c clock) below(t time.Time) time.Time { return c.at.Add(t.Sub(c.received)) }
+
+// remember keeps a refusal d the database made for a statement sent at
+// sent and answered at received, until received + its RetryAfter.
+func (l *Limiter) remember(key string, policies []Policy, cost int, d *decision, sent, received time.Time, seq uint64) {
+	l.memory.Remember(key, received.Add(d.refusal.RetryAfter),
+		&refusal{policies: slices.Clone(policies), cost: cost, tats: d.tats, clock: clock{d.at, sent, received}}, seq)
+}
+
+// recall answers a request from a remembered refusal that still holds:
+// judged again at the database's time now (from below, see clock) against
+// the TATs it returned, which can only have moved later since. Nil when
+// nothing remembered holds; gate is the key's gate while it has a refusal
+// remembered (see memo.Linger).
+func (l *Limiter) recall(key string, cost int, policies []Policy) (*LimitError, *sync.Mutex) {
+	now := time.Now()
+	e, _, ok, gate := l.memory.Recall(key, now)
+	if !ok || cost < e.cost || !slices.Equal(e.policies, policies) {
+		return nil, gate
+	}
+	d, err := l.judge(policies, cost, false, e.clock.below(now), e.tats)
+	if err != nil {
+		return nil, gate // it no longer holds
+	}
+	return d.refusal, gate
+}
+
+// borrowed counts a decision borrowing made (a permit spent from memory or
+// borrowed in a statement, a refusal, an error).
+func (l *Limiter) borrowed(ctx context.Context, key string, p *Permit, err error) (*Permit, error) {
+	var le *LimitError
+	switch {
+	case err == nil:
+		l.incident.recovered(ctx)
+		l.obs.GrantedFromMemory(ctx, scopeKey)
+		return p, nil
+	case errors.As(err, &le):
+		l.incident.recovered(ctx)
+		return l.refused(ctx, key, le)
+	}
+	if !isCanceled(ctx, err) {
+		l.incident.failed(ctx, err)
+	}
+	l.obs.Failed(ctx, scopeKey, err)
+	return nil, err
 }
 
 // ErrInvalidCost is matched by the error of a negative cost.
@@ -353,6 +524,7 @@ func limitOf(ps []Policy, name string) int {
 type decision struct {
 	at      time.Time
 	states  []PolicyState
+	tats    []time.Time
 	refusal *LimitError
 }
 
@@ -414,7 +586,7 @@ func micros(us int64) pgtype.Interval { return pgtype.Interval{Microseconds: us,
 // time until the request fits: the longest of theirs.
 func (l *Limiter) judge(policies []Policy, cost int, allowed bool, at time.Time, tats []time.Time) (*decision, error) {
 	now := at.UnixMicro()
-	d := &decision{at: at, states: make([]PolicyState, len(policies))}
+	d := &decision{at: at, states: make([]PolicyState, len(policies)), tats: tats}
 	var violated []string
 	var retry int64
 	for i, p := range policies {

@@ -433,13 +433,13 @@ func TestBadOptions(t *testing.T) {
 		{"long policy name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: strings.Repeat("a", 65), Limit: 1, Window: time.Second}}}},
 		{"two of a name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{good, good}}},
 		{"zero limit", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Window: time.Second}}}},
-		{"limit too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 10001, Window: time.Second}}}},
+		{"limit too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1000001, Window: time.Second}}}},
 		{"no window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1}}}},
 		{"sub-second window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 500 * time.Millisecond}}}},
 		{"fractional window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 1500 * time.Millisecond}}}},
 		{"window too long", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 400 * 24 * time.Hour}}}},
 		{"negative burst", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: -1}}}},
-		{"burst too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: 10001}}}},
+		{"burst too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: 1000001}}}},
 	} {
 		if _, err := ratelimit.New(tc.pool, tc.opts); err == nil {
 			t.Errorf("%s: New accepted %+v", tc.name, tc.opts)
@@ -522,7 +522,7 @@ func TestParseRate(t *testing.T) {
 		{"0/s", 0, 0, false, true},
 		{"-1/s", 0, 0, false, true},
 		{"1.5/s", 0, 0, false, true},
-		{"10001/s", 0, 0, false, true},
+		{"1000001/s", 0, 0, false, true},
 		{"x/s", 0, 0, false, true},
 		{"100/S", 0, 0, false, true},
 	} {

@@ -23,10 +23,20 @@ import (
 func hammer(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, policies []ratelimit.Policy,
 	general bool, cost func(*rand.Rand) int) []record {
 	t.Helper()
+	return hammerWith(t, pools, workers, d, ratelimit.Options{Policies: policies}, general, cost)
+}
+
+// hammerWith is hammer with the limiters' options (Policies set, the rest
+// as the test wants).
+func hammerWith(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, opts ratelimit.Options,
+	general bool, cost func(*rand.Rand) int) []record {
+	t.Helper()
 	limiters := make([]*ratelimit.Limiter, len(pools))
 	for i, pool := range pools {
-		l, err := ratelimit.New(pool, ratelimit.Options{Key: func(*http.Request) (string, bool) { return "", false },
-			Policies: policies, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		o := opts
+		o.Key = func(*http.Request) (string, bool) { return "", false }
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		l, err := ratelimit.New(pool, o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,7 +27,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 	logs := &observetest.Logs{}
 
 	a := newApp(t, "alice", "bob", "carol")
-	h := newLimiter(t, pool, signin.Options{Limit: 2, MeterProvider: m}).Handler(a)
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 2, MeterProvider: m}).Handler(a)
 	for i, want := range []int{401, 401, 429} {
 		if r := signIn(t, h, "alice", "wrong"); r.status != want {
 			t.Fatalf("attempt %d: %d, want %d", i+1, r.status, want)
@@ -35,7 +35,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 	}
 	closed := pgtest.Pool(t, url, 1)
 	closed.Close()
-	if _, err := newLimiter(t, closed, signin.Options{MeterProvider: m}).Acquire(ctx, "alice"); err == nil || errors.Is(err, pglimit.ErrLimited) {
+	if _, err := newLimiter(t, closed, signin.Options{Lenient: true, MeterProvider: m}).Acquire(ctx, "alice"); err == nil || errors.Is(err, pglimit.ErrLimited) {
 		t.Fatalf("a check on a closed pool: %v", err)
 	}
 
@@ -45,7 +45,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 		strict bool
 	}{{"sign-in-dry", "bob", false}, {"sign-in-strict-dry", "carol", true}} {
 		before := a.evaluated.Load()
-		hd := newLimiter(t, pool, signin.Options{Name: mode.name, Limit: 2, Strict: mode.strict, DryRun: true,
+		hd := newLimiter(t, pool, signin.Options{Name: mode.name, Limit: 2, Lenient: !mode.strict, DryRun: true,
 			MeterProvider: m, Logger: logs.Logger()}).Handler(a)
 		for i := range 3 {
 			if r := signIn(t, hd, mode.user, "wrong"); r.status != http.StatusUnauthorized {

@@ -17,31 +17,45 @@
 // X-Forwarded-For, and a key function of the application's own can add
 // other identities.
 //
-// # Cost (ADR-0196, Consequences)
+// # Strict by default
 //
-// A sign-in costs one read (LoginAttemptGet). A failed one adds one upsert
-// (LoginAttemptRecordFailure): two statements, at most two writes as the ADR
-// allows. A success after failures adds one delete (LoginAttemptClear); a
-// success with none writes nothing. Every write runs on the pool, as a
-// statement of its own — its own transaction, never the request's — so a
-// failure is counted even when the handler's transaction rolls back.
-// A refused sign-in costs its read and nothing more on its way: refusals
-// are added to the installation's count per minute (pglimit.Refusals) in
-// the background, batched, about one statement a second per limiter and
-// replica while it refuses.
+// Password guessing is parallel by nature, so the throttle reserves each
+// attempt before its password is checked (LoginAttemptReserve: the attempt
+// counts as a failure up front, only while the key is under the limit, in
+// one atomic statement): never more than Limit passwords of a key are
+// checked in a window, however many arrive at once. Options.Lenient opts
+// out: the count is read before the password is checked and written after,
+// so attempts already in flight when the limit is reached are still
+// evaluated (under a burst of concurrent wrong passwords more than Limit
+// are checked; the tests measure it).
 //
-// # Normal and strict mode
+// # Cost
 //
-// In normal mode the count is read before the password is checked and
-// written after, so attempts already in flight when the limit is reached
-// are still evaluated: under a burst of concurrent wrong passwords for one
-// username more than Limit passwords are checked (the tests measure it).
-// Strict mode reserves the attempt atomically before the password is
-// checked (LoginAttemptReserve: the attempt counts as a failure up front,
-// only while the key is under the limit), so never more than Limit
-// passwords are checked per window; it costs one more write on success (the
-// reservation, then the clear) and on a request that turns out not to be an
-// attempt (the reservation, then LoginAttemptUnreserve).
+// A sign-in costs one write, the reservation; a failed one nothing more
+// (the reservation counted it); a success clears the key (one delete), and
+// a request that turns out not to be an attempt gives the reservation back
+// (LoginAttemptUnreserve). So the ADR's "a sign-in costs a read" becomes a
+// write and a delete for a successful sign-in in strict mode: BENCHMARKS.md
+// measures it; sign-ins are rare beside API requests. Lenient: a read
+// (LoginAttemptGet), an upsert for a failure (LoginAttemptRecordFailure), a
+// delete for a success after failures, nothing for a success with none.
+// Every write runs on the pool, as a statement of its own — its own
+// transaction, never the request's — so a failure is counted even when the
+// handler's transaction rolls back. Refusals are added to the
+// installation's count per minute (pglimit.Refusals) in the background,
+// batched, about one statement a second per limiter and replica while it
+// refuses.
+//
+// # Refusals from memory
+//
+// A throttled key stays throttled until its window ends: only a write that
+// lowers its count (a success that clears it, a reservation given back,
+// an operator's Reset) can let it in sooner, and each of those tells every
+// replica in the same statement (pg_notify). So while pglimit.Run listens
+// for those notifications, a replica answers a throttled key's sign-ins
+// from memory until the window ends, with no statement (at most 10,000
+// keys, about 3 MB; see internal/memo), counted in pglimit.decisions with
+// the attribute source "memory". Dry run never does.
 //
 // # A database that cannot be reached
 //
@@ -109,7 +123,9 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/problem"
@@ -159,12 +175,14 @@ type Options struct {
 	// failure and lapses Window later (later failures do not extend it).
 	// Default 15 minutes.
 	Window time.Duration
-	// Strict reserves each attempt before the password is checked, so that
-	// no more than Limit passwords of a key are ever checked in a window,
-	// even under concurrent attempts. Default false (read, then write:
-	// cheaper, but attempts in flight when the limit is reached are still
-	// evaluated).
-	Strict bool
+	// Lenient reads a key's count before the password is checked and
+	// writes the failure after, instead of reserving the attempt first:
+	// cheaper for a successful sign-in (a read instead of a write and a
+	// delete), but the attempts in flight when the limit is reached are
+	// still evaluated, so a parallel burst checks more than Limit
+	// passwords. Default false: strict, never more than Limit passwords
+	// of a key checked in a window.
+	Lenient bool
 	// MaxBodyBytes bounds the request body Handler buffers for Key and the
 	// handler. Default 64 KiB.
 	MaxBodyBytes int64
@@ -215,6 +233,11 @@ type Limiter struct {
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
 	obs     *observe.Limit
+	// defaultKey: Options.Key was left to UsernameKey (Reset normalises).
+	defaultKey bool
+	// memory answers throttled keys until their windows end.
+	sub    *bus.Subscription
+	memory *memo.Table[int32]
 }
 
 // New returns a Limiter counting failures in pool's database. Every write
@@ -252,7 +275,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Timeout < 0 {
 		return nil, errors.New("signin: negative Timeout")
 	}
-	if opts.Key == nil {
+	defaultKey := opts.Key == nil
+	if defaultKey {
 		opts.Key = UsernameKey
 	}
 	if opts.OnError == nil {
@@ -266,11 +290,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signin: %w", err)
 	}
-	return &Limiter{
+	l := &Limiter{
 		pool: pool, q: db.New(), name: opts.Name, max: opts.Limit, window: opts.Window, key: opts.Key,
-		maxBody: opts.MaxBodyBytes, strict: opts.Strict, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
-		obs: obs,
-	}, nil
+		maxBody: opts.MaxBodyBytes, strict: !opts.Lenient, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
+		obs: obs, defaultKey: defaultKey,
+	}
+	b := bus.For(pool)
+	l.sub = b.Subscribe(bus.TopicSignIn, func(key string) { l.memory.Forget(key) }, func() { l.memory.ForgetAll() })
+	l.memory = memo.New[int32](b, l.sub)
+	return l, nil
 }
 
 // Name is the limit's name.
@@ -282,7 +310,8 @@ func (l *Limiter) Limit() int { return l.max }
 // Window is how long failures count.
 func (l *Limiter) Window() time.Duration { return l.window }
 
-// Strict reports whether attempts are reserved before they are evaluated.
+// Strict reports whether attempts are reserved before they are evaluated
+// (not Options.Lenient).
 func (l *Limiter) Strict() bool { return l.strict }
 
 // ErrNoAttempt is returned by Failed, Succeeded and Abandoned when the
@@ -316,6 +345,11 @@ type LimitError struct {
 	// RetryAfter is when the window lapses, on the database clock, at least
 	// one second.
 	RetryAfter time.Duration
+
+	// window is the time left of the key's window as the database read
+	// it (RetryAfter before its one-second floor), so the refusal may be
+	// remembered that long; 0 for the refusal of a row that kept changing.
+	window time.Duration
 }
 
 func (e *LimitError) Error() string {
@@ -389,8 +423,24 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 		return nil, ErrNoKey
 	}
 	key = StoredKey(key)
+	dryRun := l.obs.DryRun()
+	if !dryRun {
+		le, gate := l.recall(key)
+		if le == nil && gate != nil {
+			// The key was throttled lately: this replica's statements for
+			// it take turns, and each looks again first.
+			gate.Lock()
+			defer gate.Unlock()
+			le, _ = l.recall(key)
+		}
+		if le != nil {
+			l.obs.RefusedFromMemory(ctx, scopeUser)
+			return nil, le
+		}
+	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	seq := l.memory.Seq()
 	start := time.Now()
 	p, err := l.acquire(ctx, key)
 	l.obs.Took(ctx, observe.Check, start)
@@ -398,6 +448,13 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	var le *LimitError
 	switch {
 	case errors.As(err, &le):
+		if !dryRun && le.window > 0 {
+			// The window ends RetryAfter after the statement read the
+			// database's clock, which it did after start: until
+			// start + RetryAfter the key is throttled on every replica
+			// (retry_ms is rounded up: less a millisecond).
+			l.memory.Remember(key, start.Add(le.window-time.Millisecond), int32(le.Failures), seq)
+		}
 		if !l.obs.Refused(ctx, scopeUser, key, "failures", le.Failures) {
 			return nil, err
 		}
@@ -410,6 +467,44 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	}
 	l.obs.Granted(ctx, scopeUser)
 	return p, nil
+}
+
+// recall answers a sign-in of a key remembered as throttled; gate is the
+// key's gate while it has a refusal remembered (see memo.Linger).
+func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
+	now := time.Now()
+	failures, until, ok, gate := l.memory.Recall(key, now)
+	if !ok {
+		return nil, gate
+	}
+	return &LimitError{Name: l.name, Limit: l.max, Failures: int(failures),
+		RetryAfter: max(time.Second, until.Sub(now))}, gate
+}
+
+// Reset clears key's failed sign-ins on every replica: its row in
+// login_attempt goes, and every replica forgets the key's refusal within
+// about a second (the notification of the same statement). key is what
+// Options.Key returns; for the default key, the username as the client
+// typed it (Reset normalises it as UsernameKey does). It returns the
+// failures the key had. For an operator who lets a locked-out user in.
+func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
+	if l.defaultKey {
+		u := NormalizeUsername(key)
+		if u == "" {
+			return 0, ErrNoKey
+		}
+		key = "username:" + u
+	}
+	if key == "" {
+		return 0, ErrNoKey
+	}
+	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	n, err := l.q.LoginAttemptReset(ctx, l.pool, StoredKey(key))
+	if err != nil {
+		return 0, fmt.Errorf("signin: reset: %w", dberr.OwnTimeout(ctx, err))
+	}
+	return int(n), nil
 }
 
 func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
@@ -431,7 +526,7 @@ func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
 
 func (l *Limiter) limitError(failures int32, retryMs int64) *LimitError {
 	return &LimitError{Name: l.name, Limit: l.max, Failures: int(failures),
-		RetryAfter: max(time.Second, time.Duration(retryMs)*time.Millisecond)}
+		RetryAfter: max(time.Second, time.Duration(retryMs)*time.Millisecond), window: max(0, time.Duration(retryMs)*time.Millisecond)}
 }
 
 // reserve is strict mode's Acquire: one atomic statement that counts the
@@ -462,7 +557,9 @@ func (l *Limiter) reserve(ctx context.Context, key string) (*Permit, error) {
 		if try == 2 {
 			// The row keeps changing under us; refuse rather than let an
 			// unreserved attempt through.
-			return nil, l.limitError(int32(l.max), time.Second.Milliseconds())
+			le := l.limitError(int32(l.max), time.Second.Milliseconds())
+			le.window = 0
+			return nil, le
 		}
 	}
 }

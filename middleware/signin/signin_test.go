@@ -198,7 +198,7 @@ func TestThrottleAfterMaxFailures(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	a := newApp(t, "alice")
-	h := newLimiter(t, pool, signin.Options{}).Handler(a)
+	h := newLimiter(t, pool, signin.Options{Lenient: true}).Handler(a)
 	for i := 1; i <= 5; i++ {
 		got := signIn(t, h, "alice", "wrong")
 		if got.status != http.StatusUnauthorized {
@@ -227,7 +227,7 @@ func TestSuccessClearsFailures(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	a := newApp(t, "alice")
-	h := newLimiter(t, pool, signin.Options{}).Handler(a)
+	h := newLimiter(t, pool, signin.Options{Lenient: true}).Handler(a)
 	for i := 0; i < 4; i++ {
 		signIn(t, h, "alice", "wrong")
 	}
@@ -274,7 +274,7 @@ func TestUsernamesAreNormalised(t *testing.T) {
 	}
 
 	pool, _ := pgtest.NewDB(t, 4)
-	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 3}).Handler(newApp(t, "alice"))
 	for _, u := range []string{"alice", " ALICE", "Ａlice"} {
 		if got := signIn(t, h, u, "wrong"); got.status != http.StatusUnauthorized {
 			t.Fatalf("%q: %d", u, got.status)
@@ -353,9 +353,9 @@ func TestStatementCounts(t *testing.T) {
 	)
 	pool, tr := tracedPool(t, pgtest.URL(t))
 	a := newApp(t, "alice")
-	normal := newLimiter(t, pool, signin.Options{Limit: 2}).Handler(a)
-	strict := newLimiter(t, pool, signin.Options{Limit: 2, Strict: true}).Handler(a)
-	notAttempt := newLimiter(t, pool, signin.Options{Limit: 2, Strict: true}).Handler(
+	normal := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 2}).Handler(a)
+	strict := newLimiter(t, pool, signin.Options{Limit: 2, Lenient: false}).Handler(a)
+	notAttempt := newLimiter(t, pool, signin.Options{Limit: 2, Lenient: false}).Handler(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			problem.BadRequest(w, "invalid-request", "Invalid request", "Password missing.")
 		}))
@@ -419,7 +419,7 @@ func TestStatementCounts(t *testing.T) {
 func TestUnknownUsernamesLikeKnown(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
-	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 3}).Handler(newApp(t, "alice"))
 	ctx := context.Background()
 	dbNow := func() time.Time {
 		t.Helper()
@@ -513,7 +513,7 @@ func TestFailureSurvivesRollback(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusUnauthorized)
 			})
-			h := newLimiter(t, pool, signin.Options{}).Handler(handler)
+			h := newLimiter(t, pool, signin.Options{Lenient: true}).Handler(handler)
 			for i := 1; i <= 3; i++ {
 				if got := signIn(t, h, user, "wrong"); got.status != http.StatusUnauthorized {
 					t.Fatalf("status %d", got.status)
@@ -556,7 +556,7 @@ func TestDatabaseDownFailsClosed(t *testing.T) {
 			}
 		}
 	}
-	h := newLimiter(t, pool, signin.Options{}).Handler(a)
+	h := newLimiter(t, pool, signin.Options{Lenient: true}).Handler(a)
 	if got := signIn(t, h, "alice", "wrong"); got.status != http.StatusUnauthorized {
 		t.Fatalf("before the kill: %d", got.status)
 	}
@@ -623,7 +623,7 @@ func TestDatabaseHangsFailsClosed(t *testing.T) {
 	}
 	a := newApp(t, "alice")
 	for _, strict := range []bool{false, true} {
-		h := newLimiter(t, pool, signin.Options{Strict: strict}).Handler(a)
+		h := newLimiter(t, pool, signin.Options{Lenient: !strict}).Handler(a)
 		if got := signIn(t, h, "alice", "wrong"); got.status != http.StatusUnauthorized {
 			t.Fatalf("strict %v, before the freeze: %d", strict, got.status)
 		}
@@ -678,7 +678,7 @@ func TestWindowLapses(t *testing.T) {
 	pool, _ := pgtest.NewDB(t, 4)
 	const window = 1500 * time.Millisecond
 	users := []string{"alice", "bob", "carol"}
-	h := newLimiter(t, pool, signin.Options{Limit: 2, Window: window}).Handler(newApp(t, users...))
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 2, Window: window}).Handler(newApp(t, users...))
 	ctx := context.Background()
 	dbNow := func() time.Time {
 		t.Helper()
@@ -761,7 +761,7 @@ func burst(t *testing.T, strict bool, n, limit int) (a *app, statuses map[int]in
 		// bound: 100 requests on 30 connections of a loaded machine (or of
 		// a shared server checkpointing for other tests' DROP DATABASE)
 		// may wait longer than the default Timeout for a connection.
-		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{Limit: limit, Strict: strict, Timeout: time.Minute}).Handler(a))
+		srv := httptest.NewServer(newLimiter(t, pool, signin.Options{Limit: limit, Lenient: !strict, Timeout: time.Minute}).Handler(a))
 		t.Cleanup(srv.Close)
 		servers = append(servers, srv)
 	}
@@ -859,7 +859,7 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 			w.WriteHeader(http.StatusUnauthorized)
 		}
 	})
-	h := newLimiter(t, pool, signin.Options{Limit: 3, Strict: true}).Handler(handler)
+	h := newLimiter(t, pool, signin.Options{Limit: 3, Lenient: false}).Handler(handler)
 	for _, m := range []string{"400", "500", "panic", "nothing", "explicit"} {
 		mode.Store(m)
 		func() {
@@ -891,7 +891,7 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	var reached, unidentified atomic.Int64
-	h := newLimiter(t, pool, signin.Options{MaxBodyBytes: 16 << 10}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newLimiter(t, pool, signin.Options{Lenient: true, MaxBodyBytes: 16 << 10}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
 		if _, ok := signin.FromContext(r.Context()); !ok {
 			unidentified.Add(1)
@@ -1009,7 +1009,7 @@ func TestNonHTTPAPI(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
 			key := fmt.Sprintf("cli:%v", strict)
-			l := newLimiter(t, pool, signin.Options{Limit: 2, Strict: strict})
+			l := newLimiter(t, pool, signin.Options{Limit: 2, Lenient: !strict})
 			for i := 0; i < 2; i++ {
 				a, err := l.Acquire(ctx, key)
 				if err != nil {
@@ -1080,7 +1080,7 @@ func TestBadOptions(t *testing.T) {
 		t.Error("New accepted a nil pool")
 	}
 	l := newLimiter(t, pool, signin.Options{})
-	if l.Limit() != 5 || l.Window() != 15*time.Minute || l.Strict() || l.Name() != "sign-in" {
+	if l.Limit() != 5 || l.Window() != 15*time.Minute || !l.Strict() || l.Name() != "sign-in" {
 		t.Errorf("defaults: %d %v %v %q", l.Limit(), l.Window(), l.Strict(), l.Name())
 	}
 	if _, err := signin.New(pool, signin.Options{Limit: pglimit.MaxLimit}); err != nil {
@@ -1100,7 +1100,7 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 		w.WriteHeader(http.StatusTeapot)
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	h := newLimiter(t, pool, signin.Options{Limit: 1, MaxBodyBytes: 1 << 10, OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 1, MaxBodyBytes: 1 << 10, OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
 	signIn(t, h, "alice", "wrong")
 	if res := signIn(t, h, "alice", "wrong"); res.status != http.StatusTeapot || len(got) != 1 || !errors.Is(got[0], pglimit.ErrLimited) {
 		t.Fatalf("throttled: %d, OnError got %v", res.status, got)
@@ -1114,7 +1114,7 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 	}
 	closed := pgtest.Pool(t, url, 1)
 	closed.Close()
-	down := newLimiter(t, closed, signin.Options{OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
+	down := newLimiter(t, closed, signin.Options{Lenient: true, OnError: onError, Logger: quiet}).Handler(newApp(t, "alice"))
 	if res := signIn(t, down, "alice", "wrong"); res.status != http.StatusTeapot || len(got) != 3 || pglimit.Classify(got[2]) != pglimit.ClassUnavailable {
 		t.Fatalf("database closed: %d, OnError got %v", res.status, got)
 	}
@@ -1127,7 +1127,7 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 		}
 	}
 	defer pool.Exec(context.Background(), `ALTER TABLE pglimit.login_attempt_gone RENAME TO login_attempt`)
-	h = newLimiter(t, pool, signin.Options{OnError: onError, Logger: quiet}).Handler(a)
+	h = newLimiter(t, pool, signin.Options{Lenient: true, OnError: onError, Logger: quiet}).Handler(a)
 	if res := signIn(t, h, "carol", "wrong"); res.status != http.StatusTeapot || len(got) != 4 || !errors.Is(got[3], signin.ErrNotRecorded) {
 		t.Fatalf("failure not recorded: %d, OnError got %v", res.status, got)
 	}
@@ -1143,7 +1143,7 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 func TestForwardedForIsIgnored(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, signin.Options{Limit: 3}).Handler(newApp(t, "alice"))
+	h := newLimiter(t, pool, signin.Options{Lenient: true, Limit: 3}).Handler(newApp(t, "alice"))
 	var last response
 	for i := 0; i < 4; i++ {
 		req := httptest.NewRequest(http.MethodPost, "/api/session", strings.NewReader(`{"username":"alice","password":"x"}`))

@@ -127,6 +127,80 @@ ON CONFLICT (name, key) DO UPDATE SET (policies, tats, allowed, decided_at, expi
 )
 RETURNING allowed, policies, tats, decided_at;
 
+-- name: APIRequestWindowBorrow :one
+-- Borrows units of one policy for a replica to spend in memory
+-- (ratelimit.Options.Borrow): it spends, all or nothing, @need units (the
+-- request at hand) and up to @want more, at most a share of what the key
+-- has free (what the bucket holds now, in units of @unit, the policy's T):
+-- half while at least half is free, a quarter down to a fifth, a tenth
+-- below, so a replica never takes much of a bucket others are emptying.
+-- The units are the GCRA's: the batch moves the key's TAT from base to tat,
+-- and the replica may spend the unit ending at base + k*T only up to
+-- base + (k-1)*T on the database clock, which keeps every replica's
+-- admissions within burst + rate x L. Like APIRequestWindowDecideOne it
+-- returns no row when the key's row holds other policies too. A refusal
+-- (units 0) writes only allowed and decided_at.
+WITH request AS (
+    SELECT @policy::text AS policy, @unit::interval AS unit, @tolerance::interval AS tolerance,
+           @need::int AS need, @want::int AS want
+)
+INSERT INTO pglimit.api_request_window AS w (name, key, policies, tats, allowed, decided_at, expires_at, borrowed)
+SELECT @name::text, @key::text, ARRAY[r.policy],
+       ARRAY[c.at + r.unit * b.units], b.units > 0, c.at, c.at + r.unit * b.units, b.units
+FROM request AS r
+CROSS JOIN (SELECT clock_timestamp() AS at) AS c
+-- A new row's bucket is full: tolerance / unit units free.
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.need > f.free THEN 0
+                ELSE greatest(r.need, least(r.need + r.want, floor(f.free / 2)::int)) END AS units
+    FROM (SELECT floor(extract(epoch FROM r.tolerance) / extract(epoch FROM r.unit)) AS free) AS f
+) AS b
+ON CONFLICT (name, key) DO UPDATE SET (tats, allowed, decided_at, expires_at, borrowed) = (
+    SELECT CASE WHEN x.units > 0 THEN ARRAY[x.base + r.unit * x.units] ELSE w.tats END,
+           x.units > 0, x.at,
+           CASE WHEN x.units > 0 THEN x.base + r.unit * x.units ELSE w.expires_at END,
+           x.units
+    FROM request AS r
+    CROSS JOIN LATERAL (
+        SELECT f.at, f.base,
+               CASE WHEN r.need > f.free THEN 0
+                    ELSE greatest(r.need, least(r.need + r.want, floor(f.free * CASE
+                        WHEN f.free * 2 >= f.burst THEN 0.5
+                        WHEN f.free * 5 >= f.burst THEN 0.25
+                        ELSE 0.1 END)::int)) END AS units
+        FROM (
+            SELECT c.at, greatest(w.tats[1], c.at) AS base,
+                   floor(extract(epoch FROM c.at + r.tolerance - greatest(w.tats[1], c.at))
+                         / extract(epoch FROM r.unit)) AS free,
+                   floor(extract(epoch FROM r.tolerance) / extract(epoch FROM r.unit)) AS burst
+            FROM (SELECT clock_timestamp() AS at) AS c
+        ) AS f
+    ) AS x
+)
+WHERE w.policies = ARRAY[@policy::text]
+RETURNING allowed, tats[1]::timestamptz AS tat, decided_at, borrowed;
+
+-- name: APIRequestWindowGiveBack :execrows
+-- Gives back the units of a batch a replica did not spend: the key's TAT
+-- moves back to @kept (the end of what the replica spent; the clock when
+-- that is past), only if it still ends where the batch ended (@tat): once
+-- another decision spent after the batch, its units are in the middle and
+-- lapse by themselves instead.
+UPDATE pglimit.api_request_window
+SET tats = ARRAY[greatest(@kept::timestamptz, clock_timestamp())],
+    expires_at = greatest(@kept::timestamptz, clock_timestamp())
+WHERE name = @name::text AND key = @key::text AND policies = ARRAY[@policy::text]
+  AND tats[1] = @tat::timestamptz;
+
+-- name: APIRequestWindowReset :exec
+-- An operator clears a key's state (ratelimit.Limiter.Reset), and every
+-- replica forgets what it remembers of the key (pg_notify, payload "rate/",
+-- the limiter's name, a newline, the key).
+WITH cleared AS (
+    DELETE FROM pglimit.api_request_window WHERE name = @name::text AND key = @key::text
+)
+SELECT pg_notify('pglimit', 'rate/' || @name::text || chr(10) || @key::text);
+
 -- name: APIRequestWindowList :many
 -- The keys of one limiter whose state still counts, latest decision
 -- first, for operators.

@@ -56,16 +56,42 @@ SELECT false AS reserved, l.failures, l.expires_at,
 FROM pglimit.login_attempt AS l
 WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
 
+-- Every write that lowers a key's count tells every replica at commit
+-- (pg_notify on the channel pglimit, payload "signin", a newline, the key):
+-- a replica answers a throttled key's sign-ins from memory until its window
+-- ends (package middleware/signin), and forgets it on this notification.
+
 -- name: LoginAttemptUnreserve :exec
 -- Strict mode: gives back a reservation whose attempt never checked a
 -- password (a malformed request, a server error).
-UPDATE pglimit.login_attempt
-SET failures = failures - 1
-WHERE key = @key::text AND failures > 0 AND expires_at > now();
+WITH given_back AS (
+    UPDATE pglimit.login_attempt
+    SET failures = failures - 1
+    WHERE key = @key::text AND failures > 0 AND expires_at > now()
+    RETURNING key
+)
+SELECT pg_notify('pglimit', 'signin' || chr(10) || g.key) FROM given_back AS g;
 
 -- name: LoginAttemptClear :exec
 -- A successful sign-in clears the key's failures.
-DELETE FROM pglimit.login_attempt WHERE key = @key::text;
+WITH cleared AS (
+    DELETE FROM pglimit.login_attempt WHERE key = @key::text
+    RETURNING key
+)
+SELECT pg_notify('pglimit', 'signin' || chr(10) || c.key) FROM cleared AS c;
+
+-- name: LoginAttemptReset :one
+-- An operator clears the key's failures (signin.Limiter.Reset), and every
+-- replica forgets the key's refusal, whether a row was there or not.
+-- Returns the failures the row had (0: none).
+WITH cleared AS (
+    DELETE FROM pglimit.login_attempt WHERE key = @key::text
+    RETURNING failures
+), notified AS (
+    SELECT pg_notify('pglimit', 'signin' || chr(10) || @key::text)
+)
+SELECT coalesce((SELECT sum(failures) FROM cleared), 0)::int AS failures
+FROM notified;
 
 -- name: LoginAttemptList :many
 -- The live throttles, for the operator view.

@@ -302,7 +302,7 @@ func (a *App) setupLimits() error {
 		Key:           signInKey,
 		Limit:         cfg.SignInFailures,
 		Window:        cfg.SignInWindow,
-		Strict:        cfg.SignInStrict,
+		Lenient:       !cfg.SignInStrict,
 		Logger:        a.log,
 		MeterProvider: a.meters,
 		DryRun:        cfg.DryRun[signin.DefaultName],

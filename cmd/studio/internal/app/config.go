@@ -197,7 +197,7 @@ func ParseFlags(args []string) (*Config, error) {
 
 	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username per window")
 	fs.DurationVar(&c.SignInWindow, "sign-in-window", 15*time.Minute, "sign-in throttle window")
-	fs.BoolVar(&c.SignInStrict, "sign-in-strict", false, "reserve each attempt before the password is checked, so no more than -sign-in-failures are ever evaluated")
+	fs.BoolVar(&c.SignInStrict, "sign-in-strict", true, "reserve each attempt before the password is checked, so no more than -sign-in-failures are evaluated even under a parallel burst; -sign-in-strict=false checks a burst in full")
 	fs.IntVar(&c.UploadsPerHour, "uploads-per-hour", 5, "plugin uploads per user per rolling window")
 	fs.DurationVar(&c.UploadWindow, "upload-window", time.Hour, "the rolling window of -uploads-per-hour")
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", 8<<20, "largest plugin accepted")

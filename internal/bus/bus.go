@@ -1,0 +1,298 @@
+// Package bus carries pglimit's invalidations between replicas over
+// PostgreSQL's LISTEN/NOTIFY, the bus the database already has.
+//
+// A limiter that answers refusals from memory (ratelimit, signin) keeps
+// them only while it would hear a write that undoes one: an operator's
+// reset, a successful sign-in that clears a username's failures, a
+// reservation given back. Those writes send a notification on the channel
+// "pglimit" in the statement that makes them (pg_notify, delivered at
+// commit), and every replica's Bus hands it to the caches of its topic.
+//
+// A Bus is one per pool (For), listens on a connection of its own (not one
+// of the pool's: a pool's Close waits for its connections) while Run runs
+// — pglimit.Run runs it — and is Live only while that connection is up and
+// has just carried a notification of its own (a ping, sent when the bus
+// has been silent for PingEvery): a connection that broke, a proxy that
+// does not pass notifications (PgBouncer in transaction pooling) makes it
+// not Live, and caches then answer nothing from memory. Each time it turns
+// Live its Epoch changes, so what a cache remembered before, while it may
+// have missed a notification, is not used again.
+package bus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Channel is the notification channel of every pglimit invalidation.
+const Channel = "pglimit"
+
+// Topics of the payloads: a payload is a topic, a newline and a key (a
+// stored key: valid UTF-8 without NUL), or a topic alone for all its keys.
+const (
+	// TopicSignIn is the sign-in throttle's login_attempt.
+	TopicSignIn = "signin"
+	// TopicRate prefixes a rate limiter's name: "rate/" + name.
+	TopicRate = "rate/"
+	// topicPing is the bus's own liveness check.
+	topicPing = "ping"
+)
+
+// Timing of the liveness check.
+var (
+	// PingEvery is the silence after which the bus pings itself.
+	PingEvery = time.Second
+	// PingWait is how long a ping may take to come back before the bus
+	// stops being Live and connects again.
+	PingWait = time.Second
+	// retryMax bounds the wait between two connection attempts.
+	retryMax = 5 * time.Second
+)
+
+// Bus is the invalidation bus of one pool. It is safe for concurrent use.
+type Bus struct {
+	live    atomic.Bool
+	epoch   atomic.Uint64
+	running atomic.Bool
+	// fresh is set when a connection turned Live: the next failure
+	// starts its back-off from the beginning.
+	fresh atomic.Bool
+
+	mu   sync.Mutex
+	subs map[string][]*Subscription
+}
+
+// Subscription receives the invalidations of one topic.
+type Subscription struct {
+	b     *Bus
+	topic string
+	// seq counts the invalidations delivered: with the bus's epoch, a
+	// cache reads it before a decision and remembers the decision only if
+	// it did not move, so an invalidation that arrived while the statement
+	// ran is never overwritten.
+	seq    atomic.Uint64
+	onKey  func(key string)
+	onAll  func()
+	closed atomic.Bool
+}
+
+var (
+	busesMu sync.Mutex
+	buses   = map[weak.Pointer[pgxpool.Pool]]*Bus{}
+)
+
+// For returns pool's Bus, made on first use and forgotten with the pool.
+func For(pool *pgxpool.Pool) *Bus {
+	wp := weak.Make(pool)
+	busesMu.Lock()
+	defer busesMu.Unlock()
+	if b, ok := buses[wp]; ok {
+		return b
+	}
+	b := &Bus{subs: map[string][]*Subscription{}}
+	buses[wp] = b
+	runtime.AddCleanup(pool, func(wp weak.Pointer[pgxpool.Pool]) {
+		busesMu.Lock()
+		delete(buses, wp)
+		busesMu.Unlock()
+	}, wp)
+	return b
+}
+
+// Live reports whether the bus is listening and has just heard itself:
+// only then may a cache answer from memory.
+func (b *Bus) Live() bool { return b.live.Load() }
+
+// Epoch changes whenever the bus turns Live (and when it stops being
+// Live): a cache's entry made in another epoch is not used.
+func (b *Bus) Epoch() uint64 { return b.epoch.Load() }
+
+// Subscribe delivers topic's invalidations: onKey for one key, onAll for
+// every key of the topic. Either may be nil. They run on the bus's
+// goroutine: keep them short.
+func (b *Bus) Subscribe(topic string, onKey func(string), onAll func()) *Subscription {
+	s := &Subscription{b: b, topic: topic, onKey: onKey, onAll: onAll}
+	b.mu.Lock()
+	b.subs[topic] = append(b.subs[topic], s)
+	b.mu.Unlock()
+	return s
+}
+
+// Seq is the count of invalidations (and epoch changes) s has seen.
+func (s *Subscription) Seq() uint64 { return s.seq.Load() + s.b.epoch.Load() }
+
+// Close stops the deliveries.
+func (s *Subscription) Close() {
+	if s.closed.Swap(true) {
+		return
+	}
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	list := b.subs[s.topic]
+	for i, x := range list {
+		if x == s {
+			b.subs[s.topic] = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+}
+
+// deliver hands one payload to its subscribers.
+func (b *Bus) deliver(payload string) {
+	topic, key, one := strings.Cut(payload, "\n")
+	b.mu.Lock()
+	subs := append([]*Subscription(nil), b.subs[topic]...)
+	b.mu.Unlock()
+	for _, s := range subs {
+		s.seq.Add(1)
+		switch {
+		case one && s.onKey != nil:
+			s.onKey(key)
+		case !one && s.onAll != nil:
+			s.onAll()
+		case one && s.onAll != nil:
+			s.onAll()
+		}
+	}
+}
+
+func (b *Bus) setLive(live bool) {
+	if b.live.Load() == live {
+		return
+	}
+	// Epoch first: a cache that sees the bus Live also sees the new epoch.
+	b.epoch.Add(1)
+	b.live.Store(live)
+}
+
+// Run listens for pool's invalidations until ctx ends, connecting again
+// after a failure (at most every few seconds), and returns nil then. A
+// second Run of the same pool at once waits for ctx and does nothing.
+func Run(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	b := For(pool)
+	if !b.running.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return nil
+	}
+	defer b.running.Store(false)
+	defer b.setLive(false)
+	if log == nil {
+		log = slog.Default()
+	}
+	wait := 100 * time.Millisecond
+	failing := false
+	for ctx.Err() == nil {
+		err := b.listen(ctx, pool)
+		b.setLive(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if b.fresh.Swap(false) {
+			wait, failing = 100*time.Millisecond, false
+		}
+		if !failing {
+			log.WarnContext(ctx, "pglimit: the invalidation bus (LISTEN pglimit) is down; refusals are decided in the database until it is back",
+				"err", err)
+			failing = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, retryMax)
+	}
+	return nil
+}
+
+// listen holds one connection until it fails or ctx ends.
+func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
+	cfg := pool.Config().ConnConfig.Copy()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		return err
+	}
+	// SQL in Go: LISTEN and pg_notify on the bus's own connection are not
+	// queries of a table, and sqlc's generated methods run on a DBTX, which
+	// a bare *pgx.Conn is; but LISTEN takes no parameters and sqlc cannot
+	// express it, so both statements stay here, beside the loop that needs
+	// them.
+	for ctx.Err() == nil {
+		nonce := newNonce()
+		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, topicPing+"\n"+nonce); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(PingWait)
+		heard := false
+		for !heard {
+			wctx, cancel := context.WithDeadline(ctx, deadline)
+			n, err := conn.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return errors.New("bus: ping not heard back within " + PingWait.String())
+			}
+			if n.Payload == topicPing+"\n"+nonce {
+				heard = true
+				continue
+			}
+			if !strings.HasPrefix(n.Payload, topicPing+"\n") {
+				b.deliver(n.Payload)
+			}
+		}
+		if !b.Live() {
+			b.fresh.Store(true)
+		}
+		b.setLive(true)
+		// Deliver until the bus has been silent for PingEvery.
+		for {
+			wctx, cancel := context.WithTimeout(ctx, PingEvery)
+			n, err := conn.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
+					break // silent: ping again
+				}
+				return err
+			}
+			if !strings.HasPrefix(n.Payload, topicPing+"\n") {
+				b.deliver(n.Payload)
+			}
+		}
+	}
+	return nil
+}
+
+func newNonce() string {
+	var buf [8]byte
+	_, _ = rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
+}
