@@ -339,6 +339,7 @@ func (a *App) setupLimits() error {
 		Key:  tokenOf,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: cfg.APIRate.Limit, Window: cfg.APIRate.Window,
 			Burst: cfg.APIBurst}},
+		Borrow:        cfg.APIBorrow,
 		Logger:        a.log,
 		MeterProvider: a.meters,
 		DryRun:        cfg.DryRun["api"],
@@ -406,9 +407,10 @@ func (a *App) Drain(ctx context.Context) {
 }
 
 // Flush waits until every permit, slot and upload given back so far has
-// reached the database: releases do not keep a response waiting, so at
-// shutdown, after the server stopped serving, Flush sees them there before
-// the pools close (a killed process leaves them to lapse on their own).
+// reached the database, and gives back the rate units this replica
+// borrowed and did not spend (-api-borrow): at shutdown, after the server
+// stopped serving, Flush sees them there before the pools close (a killed
+// process leaves them to lapse on their own).
 func (a *App) Flush(ctx context.Context) error {
 	var errs []error
 	if a.inflight != nil {
@@ -416,6 +418,9 @@ func (a *App) Flush(ctx context.Context) error {
 	}
 	if a.uploads != nil {
 		errs = append(errs, a.uploads.Flush(ctx))
+	}
+	if a.rate != nil {
+		errs = append(errs, a.rate.Flush(ctx))
 	}
 	e := a.endpoints
 	for _, l := range []*heavy.Limiter{e.sqlConsole, e.export, e.audit, e.events, e.alerts, e.flow} {

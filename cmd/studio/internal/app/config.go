@@ -56,6 +56,7 @@ type Config struct {
 	MaxRequestTime time.Duration
 	APIRate        Rate // requests per token over /api/ but POST /api/session; Limit 0: off
 	APIBurst       int
+	APIBorrow      bool
 	DryRun         DryRun // limits that decide, count and log but refuse nobody
 
 	Nodes    Nodes
@@ -204,6 +205,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.TokenInFlight, "token-in-flight", 8, "concurrent requests per API token, across replicas")
 	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
 	fs.Var(&c.APIRate, "api-rate", "request rate per API token over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
+	fs.BoolVar(&c.APIBorrow, "api-borrow", false, "the rate limit borrows units for hot tokens in batches and spends them in memory (never admits past the GCRA bound; units a replica holds may refuse another replica's request)")
 	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests an API token may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
 
 	fs.Var(c.DryRun, "dry-run", "limits that decide, count and log what they would refuse, and refuse nobody: a comma-separated list of "+strings.Join(LimitNames, ", ")+", or all")

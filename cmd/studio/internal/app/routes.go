@@ -37,11 +37,13 @@ func (a *App) routes() http.Handler {
 	mux.HandleFunc("POST /audit", a.handleAuditSignIn)
 	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
 	mux.Handle("GET /api/limits", api(requireOperator(http.HandlerFunc(a.handleLimits))))
+	mux.Handle("DELETE /api/limits/sign-in/{username}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInReset)))))
 	// The operator page: the page, its self-refreshing part, its form and
 	// its script.
 	mux.Handle("GET /limits", a.pageToken(limitsSignInForm, api(requireOperator(http.HandlerFunc(a.handleLimitsPage)))))
 	mux.Handle("GET /limits/live", a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleLimitsLive)))))
 	mux.HandleFunc("POST /limits", a.handleLimitsSignIn)
+	mux.Handle("POST /limits/sign-in/reset", crossOrigin.Handler(a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleSignInResetForm))))))
 	mux.HandleFunc("GET /limits/refresh.js", handleLimitsScript)
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
