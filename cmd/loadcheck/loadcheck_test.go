@@ -97,6 +97,23 @@ func TestLoadCheckShort(t *testing.T) {
 	}
 }
 
+// TestLoadCheckBorrowing is the short run with -api-borrow: the rate per
+// token still holds by its observer (never an over-grant), and so does
+// every other limit.
+func TestLoadCheckBorrowing(t *testing.T) {
+	cfg := shortConfig(t)
+	cfg.APIBorrow = true
+	rep := runCheck(t, cfg)
+	for _, row := range rep.Rows {
+		if row.Verdict != VerdictOK {
+			t.Errorf("%s: verdict %s (highest %d of %d, %d refused); want ok", row.Limit, row.Verdict, row.Highest, row.Cap, row.Refused)
+		}
+	}
+	if rep.Failed() {
+		t.Error("the report failed")
+	}
+}
+
 // TestLoadCheckSeesExcess starts the replicas with looser limits than the
 // check judges (as if a limit did not hold across replicas): every row must
 // come out EXCEEDED, so each observer is shown able to fail, and the logs

@@ -124,6 +124,7 @@ func run(args []string) (int, error) {
 	fs.IntVar(&cfg.NodeRate, "node-rate", cfg.NodeRate, "calls per second to the node for the installation (cmd/studio flag)")
 	fs.IntVar(&cfg.APIRate, "api-rate", cfg.APIRate, "requests per second per API token (cmd/studio flag -api-rate N/s)")
 	fs.IntVar(&cfg.APIBurst, "api-burst", cfg.APIBurst, "requests at once above -api-rate (cmd/studio flag)")
+	fs.BoolVar(&cfg.APIBorrow, "api-borrow", cfg.APIBorrow, "the rate limit borrows units for hot tokens (cmd/studio flag); its refusals with room are reported, not judged")
 	fs.IntVar(&cfg.RateWorkers, "rate-workers", cfg.RateWorkers, "loops driving one token above its rate")
 	fs.IntVar(&cfg.Queues, "queues", cfg.Queues, "queues of the fake node")
 	fs.DurationVar(&cfg.ConsoleSleep, "console-sleep", cfg.ConsoleSleep, "pg_sleep of each console statement")
