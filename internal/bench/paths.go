@@ -19,6 +19,7 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
@@ -66,6 +67,15 @@ const (
 	// with one policy and with two.
 	NameRateLimit  = "rate limit decision"
 	NameRateLimit2 = "rate limit, two policies"
+	// NameBorrowed and NameFromMemory are the rate limit's decisions that
+	// need no statement: a unit spent from a borrowed batch, and a
+	// refusal answered from memory.
+	NameBorrowed   = "rate limit decision, borrowed"
+	NameFromMemory = "rate limit refusal, from memory"
+	// NameStrictFailure and NameStrictSuccess are a failed and a
+	// successful sign-in in strict mode, the default.
+	NameStrictFailure = "failed sign-in, strict"
+	NameStrictSuccess = "successful sign-in, strict"
 	// NameNode is the node limiter's path, the one limit path without a
 	// database round trip.
 	NameNode = "node limiter call"
@@ -87,11 +97,15 @@ type Suite struct {
 	upload  *upload.Limiter
 	flight  *inflight.Limiter
 	rate    *ratelimit.Limiter
+	borrow  *ratelimit.Limiter
+	refuse  *ratelimit.Limiter
+	strict  *signin.Limiter
 	node    *nodelimit.Node
 	nodes   *nodelimit.Limiter
 	sem     *semaphore.Weighted
 	redis   func(worker int) Op
 	closeR  func()
+	stopBus func()
 	pager   *cursor.Pager
 	run     string
 	uploads atomic.Int64
@@ -114,12 +128,15 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	if s.heavy, err = heavy.New(pool, heavyOpts); err != nil {
 		return nil, err
 	}
-	if s.signin, err = signin.New(pool, signin.Options{Logger: quiet}); err != nil {
+	if s.signin, err = signin.New(pool, signin.Options{Lenient: true, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	// Failures never reach the limit (the path moves to a new key every
 	// failuresPerKey): every attempt is recorded.
-	if s.failure, err = signin.New(pool, signin.Options{Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
+	if s.failure, err = signin.New(pool, signin.Options{Lenient: true, Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
+		return nil, err
+	}
+	if s.strict, err = signin.New(pool, signin.Options{Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	if s.upload, err = upload.New(pool, upload.Options{
@@ -149,6 +166,34 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	}); err != nil {
 		return nil, err
 	}
+	// Borrowing: a policy as fast as a policy goes (a million a second),
+	// a key per loop, so each loop's key is hot and never refused.
+	if s.borrow, err = ratelimit.New(pool, ratelimit.Options{
+		Name: "bench-borrow", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet, Borrow: true,
+		Policies: []ratelimit.Policy{{Name: "fast", Limit: 1_000_000, Window: time.Second}},
+	}); err != nil {
+		return nil, err
+	}
+	// Refusals from memory: one unit an hour; a loop's key is refused
+	// from its second decision on, and remembered for the hour.
+	if s.refuse, err = ratelimit.New(pool, ratelimit.Options{
+		Name: "bench-refuse", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Policies: []ratelimit.Policy{{Name: "hourly", Limit: 1, Window: time.Hour}},
+	}); err != nil {
+		return nil, err
+	}
+	// The invalidation bus, as pglimit.Run runs it: refusals are answered
+	// from memory only while it is live.
+	busCtx, stopBus := context.WithCancel(context.Background())
+	busDone := make(chan struct{})
+	go func() { defer close(busDone); _ = bus.Run(busCtx, pool, quiet) }()
+	s.stopBus = func() { stopBus(); <-busDone }
+	for deadline := time.Now().Add(30 * time.Second); !bus.For(pool).Live(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.stopBus()
+			return nil, errors.New("bench: the invalidation bus did not turn live in 30s")
+		}
+	}
 	s.sem = semaphore.NewWeighted(64)
 	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
 		return nil, err
@@ -165,6 +210,12 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 func (s *Suite) Close() {
 	if s.closeR != nil {
 		s.closeR()
+	}
+	if s.borrow != nil {
+		_ = s.borrow.Flush(context.Background())
+	}
+	if s.stopBus != nil {
+		s.stopBus()
 	}
 }
 
@@ -232,7 +283,7 @@ func (s *Suite) Limits() []Path {
 					return p.Release(ctx)
 				}, nil
 			}},
-		{Name: "sign-in check", Kind: Limit, What: "signin.Limiter.Acquire in normal mode (one read of login_attempt) + Permit.Release (nothing written)",
+		{Name: "sign-in check", Kind: Limit, What: "signin.Limiter.Acquire in lenient mode (one read of login_attempt) + Permit.Release (nothing written)",
 			New: func(w int) (Op, error) {
 				key := "username:" + user(w)
 				return func(ctx context.Context) error {
@@ -243,7 +294,31 @@ func (s *Suite) Limits() []Path {
 					return p.Release(ctx)
 				}, nil
 			}},
-		{Name: "failure record", Kind: Limit, What: "a failed sign-in: signin.Limiter.Acquire + Permit.Fail (a read, then an upsert in its own transaction)",
+		{Name: NameStrictFailure, Kind: Limit, What: "a failed sign-in in strict mode (the default): signin.Limiter.Acquire (the reservation, one upsert) + Permit.Fail (nothing more written)",
+			New: func(w int) (Op, error) {
+				n := 0
+				return func(ctx context.Context) error {
+					key := "username:strict-fail-" + user(w) + "-" + strconv.Itoa(n/failuresPerKey)
+					n++
+					p, err := s.strict.Acquire(ctx, key)
+					if err != nil {
+						return err
+					}
+					return p.Fail(ctx)
+				}, nil
+			}},
+		{Name: NameStrictSuccess, Kind: Limit, What: "a successful sign-in in strict mode: signin.Limiter.Acquire (the reservation, one upsert) + Permit.Succeed (the clear, one delete)",
+			New: func(w int) (Op, error) {
+				key := "username:strict-ok-" + user(w)
+				return func(ctx context.Context) error {
+					p, err := s.strict.Acquire(ctx, key)
+					if err != nil {
+						return err
+					}
+					return p.Succeed(ctx)
+				}, nil
+			}},
+		{Name: "failure record", Kind: Limit, What: "a failed sign-in in lenient mode: signin.Limiter.Acquire + Permit.Fail (a read, then an upsert in its own transaction)",
 			New: func(w int) (Op, error) {
 				n := 0
 				return func(ctx context.Context) error {
@@ -289,6 +364,32 @@ func (s *Suite) Limits() []Path {
 				return func(ctx context.Context) error {
 					i++
 					_, err := s.rate.AcquireN(ctx, keys[i%RateKeys], 1, RatePolicies)
+					return err
+				}, nil
+			}},
+		{Name: NameBorrowed, Kind: Limit, What: "ratelimit.Limiter.Acquire of the loop's hot key with Options.Borrow: a unit spent from the batch this replica borrowed (one statement per batch, about half a second of a 1,000,000/s policy)",
+			New: func(w int) (Op, error) {
+				key := "borrow-" + user(w)
+				return func(ctx context.Context) error {
+					_, err := s.borrow.Acquire(ctx, key)
+					return err
+				}, nil
+			}},
+		{Name: NameFromMemory, Kind: Limit, What: "ratelimit.Limiter.Acquire of the loop's key refused for the hour: answered from memory (no statement) while the invalidation bus is live",
+			New: func(w int) (Op, error) {
+				key := "refuse-" + user(w)
+				// The key's one unit, then its first refusal (the
+				// database's, remembered).
+				_, _ = s.refuse.Acquire(context.Background(), key)
+				_, _ = s.refuse.Acquire(context.Background(), key)
+				return func(ctx context.Context) error {
+					_, err := s.refuse.Acquire(ctx, key)
+					if errors.Is(err, pglimit.ErrLimited) {
+						return nil
+					}
+					if err == nil {
+						return errors.New("bench: a key refused for the hour was admitted")
+					}
 					return err
 				}, nil
 			}},

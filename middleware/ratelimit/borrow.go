@@ -183,11 +183,6 @@ func (b *batch) spend(cost int, now time.Time) bool {
 	return true
 }
 
-// dead reports whether no unit of b can be spent any more at now.
-func (b *batch) dead(now time.Time) bool {
-	return b.clock.above(now).UnixMicro()+b.t > b.end
-}
-
 // left is the units of b still spendable at database time at.
 func (b *batch) left(at int64) int64 {
 	start := max(b.next, at+b.t)
@@ -200,8 +195,7 @@ func (b *batch) left(at int64) int64 {
 // acquire decides a request of cost under the one policy p by borrowing;
 // done false sends it to the database as without borrowing (a cool key, a
 // full table, a key whose row holds other policies).
-func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy, policies []Policy) (_ *Permit, _ error, done bool) {
-	now := time.Now()
+func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy, policies []Policy, now time.Time) (_ *Permit, _ error, done bool) {
 	hk := bw.hot(key, now)
 	if hk == nil {
 		return nil, nil, false
@@ -223,13 +217,13 @@ func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy,
 				left := b.left(b.clock.above(now).UnixMicro())
 				hk.mu.Unlock()
 				bw.spent.Add(ctx, int64(cost), bw.attrs)
-				return bw.permit(cost, policies, b.clock.below(now), b, left), nil, true
+				return bw.permit(cost, b.clock.below(now), b, left), nil, true
 			}
-			if b.dead(now) {
-				hk.b = nil
-				b.timer.Stop()
-				bw.stranded.Add(ctx, int64(b.units-b.spent), bw.attrs)
-			}
+			// Spent, or lapsed: what is left (fewer units than cost, or
+			// none) lapses by itself.
+			hk.b = nil
+			b.timer.Stop()
+			bw.stranded.Add(ctx, int64(b.units-b.spent), bw.attrs)
 		}
 		if wait := hk.pending; wait != nil {
 			hk.mu.Unlock()
@@ -255,12 +249,20 @@ func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy,
 }
 
 // permit is a decision spent from b, reported at at (the database's time
-// from below), with left units of the batch still spendable.
-func (bw *borrower) permit(cost int, policies []Policy, at time.Time, b *batch, left int64) *Permit {
-	// The key's state as this replica sees it: the TAT the borrow left,
-	// less the units of the batch it may still spend.
-	d, _ := bw.l.judge(policies, cost, true, at, []time.Time{time.UnixMicro(b.end - left*b.t)})
-	return &Permit{Name: bw.l.name, Cost: cost, Policies: d.states, At: at}
+// from below), with left units of the batch still spendable: the key's
+// state as this replica sees it is the TAT the borrow left, less the units
+// of the batch it may still spend. One allocation.
+func (bw *borrower) permit(cost int, at time.Time, b *batch, left int64) *Permit {
+	one := &permitOne{}
+	one.states[0] = stateOf(b.policy, at.UnixMicro(), b.end-left*b.t)
+	one.Permit = Permit{Name: bw.l.name, Cost: cost, Policies: one.states[:], At: at}
+	return &one.Permit
+}
+
+// permitOne is a Permit under one policy, allocated at once.
+type permitOne struct {
+	Permit
+	states [1]PolicyState
 }
 
 // borrow runs APIRequestWindowBorrow for a request of cost and keeps the
@@ -304,16 +306,16 @@ func (bw *borrower) borrow(ctx context.Context, hk *hotKey, key string, cost int
 	left := int64(units - cost)
 	if left > 0 {
 		hk.mu.Lock()
-		if hk.b != nil { // a reset dropped it, or another batch is kept
-			hk.mu.Unlock()
-		} else {
-			hk.b = b
-			b.timer = time.AfterFunc(quietAfter, func() { bw.quiet(hk, b) })
-			hk.mu.Unlock()
+		old := hk.b
+		hk.b = b
+		b.timer = time.AfterFunc(quietAfter, func() { bw.quiet(hk, b) })
+		hk.mu.Unlock()
+		if old != nil { // (one borrow of a key at a time: not expected)
+			old.timer.Stop()
+			bw.stranded.Add(ctx, int64(old.units-old.spent), bw.attrs)
 		}
 	}
-	d, _ := l.judge(policies, cost, true, row.DecidedAt, []time.Time{time.UnixMicro(end - left*t)})
-	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: row.DecidedAt}, nil, true
+	return bw.permit(cost, row.DecidedAt, b, left), nil, true
 }
 
 // quiet gives b back when it has not been used for quietAfter, or looks

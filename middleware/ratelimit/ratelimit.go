@@ -368,15 +368,17 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	}
 	stored := storableKey(key)
 	dryRun := l.obs.DryRun()
+	now := time.Now()
 	if !dryRun {
-		le, gate := l.recall(stored, cost, policies)
+		le, gate := l.recall(stored, cost, policies, now)
 		if le == nil && gate != nil {
 			// The key was refused lately: this replica's statements for it
 			// take turns, and each looks again first, so that one asks
 			// the database when the refusal lapses.
 			gate.Lock()
 			defer gate.Unlock()
-			le, _ = l.recall(stored, cost, policies)
+			now = time.Now()
+			le, _ = l.recall(stored, cost, policies, now)
 		}
 		if le != nil {
 			l.obs.RefusedFromMemory(ctx, scopeKey)
@@ -384,7 +386,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 		}
 	}
 	if l.borrow != nil && len(policies) == 1 && cost > 0 {
-		p, err, done := l.borrow.acquire(ctx, stored, cost, policies[0], policies)
+		p, err, done := l.borrow.acquire(ctx, stored, cost, policies[0], policies, now)
 		if done {
 			return l.borrowed(ctx, key, p, err)
 		}
@@ -454,8 +456,7 @@ func (l *Limiter) remember(key string, policies []Policy, cost int, d *decision,
 // the TATs it returned, which can only have moved later since. Nil when
 // nothing remembered holds; gate is the key's gate while it has a refusal
 // remembered (see memo.Linger).
-func (l *Limiter) recall(key string, cost int, policies []Policy) (*LimitError, *sync.Mutex) {
-	now := time.Now()
+func (l *Limiter) recall(key string, cost int, policies []Policy, now time.Time) (*LimitError, *sync.Mutex) {
 	e, _, ok, gate := l.memory.Recall(key, now)
 	if !ok || cost < e.cost || !slices.Equal(e.policies, policies) {
 		return nil, gate
@@ -586,40 +587,69 @@ func micros(us int64) pgtype.Interval { return pgtype.Interval{Microseconds: us,
 // time until the request fits: the longest of theirs.
 func (l *Limiter) judge(policies []Policy, cost int, allowed bool, at time.Time, tats []time.Time) (*decision, error) {
 	now := at.UnixMicro()
-	d := &decision{at: at, states: make([]PolicyState, len(policies)), tats: tats}
-	var violated []string
+	// One allocation for the common case of one policy: the decision, its
+	// state, and a refusal's error and violated name.
+	var d *decision
+	if len(policies) == 1 {
+		one := &judgedOne{}
+		one.d.states = one.states[:]
+		one.d.refusal = &one.le
+		one.le.Violated = one.violated[:0]
+		d = &one.d
+	} else {
+		d = &decision{states: make([]PolicyState, len(policies)), refusal: &LimitError{}}
+	}
+	d.at, d.tats = at, tats
+	violated := d.refusal.Violated
 	var retry int64
 	for i, p := range policies {
-		t := p.emission()
-		burst := int64(p.burst())
-		tol := t * burst
-		base := now
+		var tat int64
 		if !tats[i].IsZero() {
-			base = max(base, tats[i].UnixMicro())
+			tat = tats[i].UnixMicro()
 		}
-		avail := max(now+tol-base, 0) // µs of burst left
-		remaining := min(avail/t, burst)
-		var reset int64
-		if base > now {
-			reset = (remaining+1)*t - avail
-		}
-		d.states[i] = PolicyState{Policy: p, Remaining: int(remaining), Reset: time.Duration(reset) * time.Microsecond}
+		d.states[i] = stateOf(p, now, tat)
 		if !allowed {
-			if over := base + t*int64(cost) - tol - now; over > 0 {
+			t := p.emission()
+			if over := max(now, tat) + t*int64(cost) - t*int64(p.burst()) - now; over > 0 {
 				violated = append(violated, p.Name)
 				retry = max(retry, over)
 			}
 		}
 	}
 	if allowed {
+		d.refusal = nil
 		return d, nil
 	}
 	if len(violated) == 0 {
 		return nil, fmt.Errorf("ratelimit: the database refused a request its returned state admits (policies %v at %v)", names(policies), at)
 	}
-	d.refusal = &LimitError{Name: l.name, Violated: violated, Limit: limitOf(policies, violated[0]),
+	*d.refusal = LimitError{Name: l.name, Violated: violated, Limit: limitOf(policies, violated[0]),
 		RetryAfter: time.Duration(retry) * time.Microsecond, Cost: cost, Policies: d.states, At: at}
 	return d, nil
+}
+
+// judgedOne is a decision under one policy, allocated at once.
+type judgedOne struct {
+	d        decision
+	states   [1]PolicyState
+	le       LimitError
+	violated [1]string
+}
+
+// stateOf is policy p's state at now (µs) for a key whose TAT is tat (µs;
+// 0: none).
+func stateOf(p Policy, now, tat int64) PolicyState {
+	t := p.emission()
+	burst := int64(p.burst())
+	tol := t * burst
+	base := max(now, tat)
+	avail := max(now+tol-base, 0) // µs of burst left
+	remaining := min(avail/t, burst)
+	var reset int64
+	if base > now {
+		reset = (remaining+1)*t - avail
+	}
+	return PolicyState{Policy: p, Remaining: int(remaining), Reset: time.Duration(reset) * time.Microsecond}
 }
 
 func names(ps []Policy) []string {
