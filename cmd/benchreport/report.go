@@ -189,7 +189,7 @@ func (r *Report) Markdown(chart string) string {
 		}
 	}
 	r.summary(&b, hasRedis)
-	r.targets(&b)
+	r.floorsSection(&b)
 	r.requestSection(&b)
 
 	r.rateSection(&b)

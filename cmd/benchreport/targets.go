@@ -3,79 +3,177 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/pglimit/pglimit/internal/bench"
 )
 
-// target is one cost the project set itself (issues 13 and 14), judged
-// from this run's own figures.
-type target struct {
-	what string
-	// measure returns the figure and whether both of its results are in
-	// the run.
-	measure func(r *Report) (float64, bool)
-	// most: the figure must be at most limit; otherwise at least.
-	most  bool
-	limit float64
+// floor is what a path cannot do without, measured in the same run: a sum
+// of baselines (each with its count), or, for a path that needs no
+// statement, an in-process baseline.
+type floor struct {
+	path  string
+	parts []floorPart
+	// p50 is the most the path's p50 may be, as a multiple of the floor's
+	// p50 (the sum of its parts'), at 1 client; 0: reported, not judged.
+	p50 float64
+	// ops is the least the path's throughput may be at 16 clients, as a
+	// multiple of the floor's (the rate at which its parts run one after
+	// another); 0: reported, not judged.
+	ops float64
+	// abs is the most the path's p50 may be at 1 client, absolutely (0:
+	// none), redis the least redis_rate's p50 over it at 1 client (0:
+	// none), perSec the least ops/s at 16 clients (0: none).
+	abs    time.Duration
+	redis  float64
+	perSec float64
 }
 
-// p50Over is path's p50 over base's, at clients.
-func p50Over(path, base string, clients int) func(r *Report) (float64, bool) {
-	return func(r *Report) (float64, bool) {
-		a, ok1 := r.find(path, clients)
-		b, ok2 := r.find(base, clients)
-		if !ok1 || !ok2 || b.P50 <= 0 {
-			return 0, false
+type floorPart struct {
+	name string
+	n    int
+}
+
+func parts(name string, n int, more ...floorPart) []floorPart {
+	return append([]floorPart{{name, n}}, more...)
+}
+
+// floors are issue 19's: each path judged against the statements it
+// cannot do without (a one-row upsert per write, SELECT 1 per read); a
+// decision that needs no statement against the in-process baselines and
+// redis_rate.
+var floors = []floor{
+	{path: "heavy claim+release", parts: parts(bench.NameUpsert, 2), p50: 3.0},
+	{path: "in-flight claim+release", parts: parts(bench.NameUpsert, 2), p50: 2.7, ops: 0.8},
+	{path: "upload claim", parts: parts(bench.NameUpsert, 1), p50: 1.4},
+	{path: "failure record", parts: parts(bench.NameSelect1, 1, floorPart{bench.NameUpsert, 1}), p50: 1.25},
+	{path: bench.NameStrictFailure, parts: parts(bench.NameUpsert, 1)},
+	{path: bench.NameStrictSuccess, parts: parts(bench.NameUpsert, 2)},
+	{path: "sign-in check", parts: parts(bench.NameSelect1, 1)},
+	{path: bench.NameRateLimit, parts: parts(bench.NameUpsert, 1)},
+	{path: bench.NameRateLimit2, parts: parts(bench.NameUpsert, 1)},
+	{path: bench.NameBorrowed, parts: parts(bench.NameSemaphore, 1), abs: 2 * time.Microsecond, redis: 50, perSec: 1e6},
+	{path: bench.NameFromMemory, parts: parts(bench.NameSemaphore, 1), abs: time.Microsecond, redis: 50, perSec: 1e6},
+}
+
+// measure returns the floor's p50 at clients (the sum of its parts') and
+// its throughput (its parts run one after another).
+func (f floor) measure(r *Report, clients int) (p50 time.Duration, ops float64, ok bool) {
+	var perOp float64
+	for _, p := range f.parts {
+		m, found := r.find(p.name, clients)
+		if !found || m.Throughput() <= 0 {
+			return 0, 0, false
 		}
-		return float64(a.P50) / float64(b.P50), true
+		p50 += time.Duration(p.n) * m.P50
+		perOp += float64(p.n) / m.Throughput()
 	}
+	return p50, 1 / perOp, true
 }
 
-// opsOver is path's throughput at clients over base's at baseClients.
-func opsOver(path string, clients int, base string, baseClients int) func(r *Report) (float64, bool) {
-	return func(r *Report) (float64, bool) {
-		a, ok1 := r.find(path, clients)
-		b, ok2 := r.find(base, baseClients)
-		if !ok1 || !ok2 || b.Throughput() <= 0 {
-			return 0, false
+func (f floor) what() string {
+	var s []string
+	for _, p := range f.parts {
+		if p.n == 1 {
+			s = append(s, p.name)
+		} else {
+			s = append(s, fmt.Sprintf("%d × %s", p.n, p.name))
 		}
-		return a.Throughput() / b.Throughput(), true
 	}
+	return strings.Join(s, " + ")
 }
 
-var targets = []target{
-	{"heavy claim+release p50 ÷ SELECT 1, 1 client", p50Over("heavy claim+release", bench.NameSelect1, 1), true, 4},
-	{"in-flight claim+release p50 ÷ SELECT 1, 1 client", p50Over("in-flight claim+release", bench.NameSelect1, 1), true, 3},
-	{"upload claim p50 ÷ SELECT 1, 1 client", p50Over("upload claim", bench.NameSelect1, 1), true, 2.5},
-	{"failed sign-in p50 ÷ redis_rate Allow, 1 client", p50Over("failure record", bench.NameRedisRate, 1), true, 1.3},
-	{"in-flight claim+release ops/s ÷ SELECT 1's, 16 clients", opsOver("in-flight claim+release", 16, bench.NameSelect1, 16), false, 0.5},
-	{"heavy claim+release ops/s at 16 clients ÷ at 1 client", opsOver("heavy claim+release", 16, "heavy claim+release", 1), false, 1.5},
-	{"rate limit decision p50 ÷ redis_rate Allow, 1 client", p50Over(bench.NameRateLimit, bench.NameRedisRate, 1), true, 1.3},
-	{"rate limit decision ops/s ÷ redis_rate's, 16 clients", opsOver(bench.NameRateLimit, 16, bench.NameRedisRate, 16), false, 0.6},
-}
-
-// targets writes each target beside this run's figure.
-func (r *Report) targets(b *strings.Builder) {
+// floorsSection writes each path beside its floor, from this run's own
+// figures.
+func (r *Report) floorsSection(b *strings.Builder) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	w("\n## Targets\n\n")
-	w("The costs the project set itself (issues 13 and 14), judged from this run's own figures (the decision paths above, not the rate rounds below).\n\n")
-	w("| target | wanted | this run | met |\n|---|---:|---:|---|\n")
-	for _, t := range targets {
-		x, ok := t.measure(r)
-		want := "≥ " + formatRatio(t.limit)
-		if t.most {
-			want = "≤ " + formatRatio(t.limit)
-		}
-		if !ok {
-			w("| %s | %s | – | not measured |\n", t.what, want)
+	w("\n## Floors\n\n")
+	w("Each path beside its floor, measured in the same run: the statements it cannot do without (a one-row upsert per write, SELECT 1 per read), or, for a decision that needs no statement, the in-process semaphore and redis_rate. p50 ÷ floor is at 1 client (the floor's p50 is the sum of its parts'); ops/s ÷ floor is at 16 clients (the floor's rate is its parts run one after another). A goal left blank is reported, not judged.\n\n")
+	w("| path | floor | p50, 1 client | ÷ floor | goal | ops/s, 16 clients | ÷ floor | goal | met |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, f := range floors {
+		m1, ok1 := r.find(f.path, 1)
+		m16, ok16 := r.find(f.path, 16)
+		fp50, _, okf1 := f.measure(r, 1)
+		_, fops, okf16 := f.measure(r, 16)
+		if !ok1 && !ok16 {
 			continue
 		}
-		met := "yes"
-		if t.most && x > t.limit || !t.most && x < t.limit {
-			met = "**no**"
+		met := true
+		p50, p50Ratio, p50Goal := "–", "–", ""
+		if ok1 {
+			p50 = formatDur(m1.P50)
+			if okf1 && fp50 > 0 {
+				x := float64(m1.P50) / float64(fp50)
+				p50Ratio = formatRatio(x)
+				if f.p50 > 0 {
+					p50Goal = "≤ " + formatRatio(f.p50)
+					met = met && x <= f.p50
+				}
+			}
+			if f.abs > 0 {
+				p50Goal = join(p50Goal, "≤ "+formatDur(f.abs))
+				met = met && m1.P50 <= f.abs
+			}
+			if f.redis > 0 {
+				if rr, ok := r.find(bench.NameRedisRate, 1); ok && m1.P50 > 0 {
+					x := float64(rr.P50) / float64(m1.P50)
+					p50Goal = join(p50Goal, fmt.Sprintf("redis_rate ÷ it ≥ %.0f× (%s)", f.redis, formatRatio(x)))
+					met = met && x >= f.redis
+				}
+			}
 		}
-		w("| %s | %s | %s | %s |\n", t.what, want, formatRatio(x), met)
+		ops, opsRatio, opsGoal := "–", "–", ""
+		if ok16 {
+			ops = formatOps(m16.Throughput())
+			if okf16 && fops > 0 {
+				x := m16.Throughput() / fops
+				opsRatio = formatRatio(x)
+				if f.ops > 0 {
+					opsGoal = "≥ " + formatRatio(f.ops)
+					met = met && x >= f.ops
+				}
+			}
+			if f.perSec > 0 {
+				opsGoal = join(opsGoal, "≥ "+formatOps(f.perSec)+"/s")
+				met = met && m16.Throughput() >= f.perSec
+			}
+		}
+		verdict := "–"
+		if p50Goal != "" || opsGoal != "" {
+			verdict = "yes"
+			if !met {
+				verdict = "**no**"
+			}
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.path, f.what(), p50, p50Ratio, p50Goal, ops, opsRatio, opsGoal, verdict)
 	}
+	// The whole request: the rate limit borrowing adds at most 1.1× what
+	// the in-flight cap alone adds.
+	for _, clients := range []int{1, 16} {
+		alone, ok1 := r.find(bench.NameRequestAlone, clients)
+		fl, ok2 := r.find(bench.NameRequestInflight, clients)
+		api, ok3 := r.find(bench.NameRequestAPIBorrowed, clients)
+		if !ok1 || !ok2 || !ok3 || fl.P50 <= alone.P50 {
+			continue
+		}
+		x := float64(api.P50-alone.P50) / float64(fl.P50-alone.P50)
+		verdict := "yes"
+		if x > 1.1 {
+			verdict = "**no**"
+		}
+		w("| %s (whole request) | what the in-flight cap alone adds to the handler | %s added | %s | ≤ 1.10× | | | | %s |\n",
+			strings.TrimPrefix(bench.NameRequestAPIBorrowed, "request: "), formatDur(api.P50-alone.P50), formatRatio(x), verdict)
+		if clients == 1 {
+			break
+		}
+	}
+}
+
+func join(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }
 
 // requestSection writes the whole-request paths beside the handler alone.

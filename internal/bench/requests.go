@@ -24,6 +24,9 @@ const (
 	NameRequestInflight = "request: in-flight cap"
 	NameRequestHeavy    = "request: heavy permit"
 	NameRequestAPI      = "request: rate limit + in-flight cap"
+	// NameRequestAPIBorrowed is the same chain with the rate limit
+	// borrowing (ratelimit.Options.Borrow).
+	NameRequestAPIBorrowed = "request: rate limit, borrowed + in-flight cap"
 )
 
 // Requests are whole HTTP requests — a keep-alive client, an httptest
@@ -53,6 +56,11 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	rlb, err := ratelimit.New(s.Pool, ratelimit.Options{Name: "bench-http-borrow", Key: key, Logger: quiet, Borrow: true,
+		Policies: []ratelimit.Policy{{Name: "fast", Limit: 1_000_000, Window: time.Second}}})
+	if err != nil {
+		return nil, nil, err
+	}
 	chains := []struct {
 		name, what string
 		h          http.Handler
@@ -61,12 +69,14 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 		{NameRequestInflight, "the same request through inflight.Limiter.Handler: a slot claimed before the handler, released before the answer completes", flight.Handler(ok)},
 		{NameRequestHeavy, "the same request through heavy.Limiter.Handler: the user's and the installation's permits claimed, the time bound on the context, both released before the answer completes", hv.Handler(ok)},
 		{NameRequestAPI, "the same request through ratelimit.Limiter.Handler then inflight.Limiter.Handler, as the reference service's /api/ routes: a rate decision (with its RateLimit headers), a slot claimed and released", rl.Handler(flight.Handler(ok))},
+		{NameRequestAPIBorrowed, "the same chain with the rate limit borrowing (Options.Borrow): the rate decision is a unit spent in memory, the slot is claimed and released as above", rlb.Handler(flight.Handler(ok))},
 	}
 	var servers []*httptest.Server
 	stop := func() {
 		for _, srv := range servers {
 			srv.Close()
 		}
+		_ = rlb.Flush(context.Background())
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}
 	var paths []Path
