@@ -24,11 +24,12 @@ import (
 // and checks the key: a throttled key is refused (429), a database that
 // cannot be reached fails the sign-in (503), and otherwise next runs with
 // the Permit in its context (FromContext) and the body intact. The outcome
-// is what next reports with Failed / Succeeded / Abandoned, or else what
+// is what next reports on the Permit (FromContext, then Fail, Succeed or
+// Release), or else what
 // its status says: 401 a failure, 2xx a success, anything else (or a panic,
 // or nothing written) not an attempt. A failure is recorded before the 401
 // goes out; if it cannot be recorded the client gets 503 instead. A request
-// without a key is refused 400 invalid-sign-in-request (ErrNoKey through
+// without a key is refused 400 invalid-sign-in-request (errNoKey through
 // OnError) and next never runs: a password the throttle cannot count is
 // never checked.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
@@ -37,14 +38,14 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			if !errors.As(err, &tooLarge) {
-				err = fmt.Errorf("%w: %w", ErrUnreadable, err)
+				err = fmt.Errorf("%w: %w", errUnreadable, err)
 			}
 			l.onError(w, r, err)
 			return
 		}
 		key, ok := l.key(withBody(r, body))
 		if !ok || key == "" {
-			l.onError(w, r, ErrNoKey)
+			l.onError(w, r, errNoKey)
 			return
 		}
 		p, err := l.Acquire(r.Context(), key)
@@ -65,7 +66,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 				l.settle(r, "no response", p.Release)
 			}
 		}()
-		next.ServeHTTP(ow, withBody(r, body).WithContext(NewContext(r.Context(), p)))
+		next.ServeHTTP(ow, withBody(r, body).WithContext(newContext(r.Context(), p)))
 	})
 }
 
@@ -164,15 +165,14 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	return c
 }
 
-// UsernameKey is the default key function: "username:" followed by the
+// usernameKey is the default key function: "username:" followed by the
 // normalised (NormalizeUsername) field "username" of a JSON object body
 // (Content-Type application/json or any +json) or of a form body
 // (application/x-www-form-urlencoded or multipart/form-data). A body
 // without a Content-Type is read as JSON when it starts with '{', as a form
 // otherwise. It never looks at X-Forwarded-For or any other header. ok is
-// false when there is no non-empty username (the request then passes
-// through the Handler unidentified).
-func UsernameKey(r *http.Request) (key string, ok bool) {
+// false when there is no non-empty username: the Handler answers 400.
+func usernameKey(r *http.Request) (key string, ok bool) {
 	u, err := usernameOf(r)
 	if err != nil {
 		return "", false
@@ -186,12 +186,12 @@ func UsernameKey(r *http.Request) (key string, ok bool) {
 
 func usernameOf(r *http.Request) (string, error) {
 	if r.Body == nil {
-		return "", ErrNoKey
+		return "", errNoKey
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "multipart/form-data" {
 		if err := r.ParseMultipartForm(32 << 10); err != nil {
-			return "", ErrNoKey
+			return "", errNoKey
 		}
 		return r.FormValue("username"), nil
 	}
@@ -210,7 +210,7 @@ func usernameOf(r *http.Request) (string, error) {
 	if mt == "application/x-www-form-urlencoded" || mt == "" {
 		return formUsername(bytes.NewReader(b))
 	}
-	return "", ErrNoKey
+	return "", errNoKey
 }
 
 func jsonUsername(body io.Reader) (string, error) {
@@ -218,7 +218,7 @@ func jsonUsername(body io.Reader) (string, error) {
 		Username *string `json:"username"`
 	}
 	if err := json.NewDecoder(body).Decode(&v); err != nil || v.Username == nil {
-		return "", ErrNoKey
+		return "", errNoKey
 	}
 	return *v.Username, nil
 }
@@ -230,7 +230,7 @@ func formUsername(body io.Reader) (string, error) {
 	}
 	vals, err := url.ParseQuery(string(b))
 	if err != nil {
-		return "", ErrNoKey
+		return "", errNoKey
 	}
 	return vals.Get("username"), nil
 }

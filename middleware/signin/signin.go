@@ -97,8 +97,9 @@
 //     statements are the same for both.
 //   - Say how the attempt ended, either by the status it writes (401: a
 //     failed attempt; 2xx: a success; anything else, a panic, or nothing
-//     written: not an attempt) or explicitly, before writing, with Failed,
-//     Succeeded or Abandoned on the request's context. The first outcome
+//     written: not an attempt) or explicitly, before writing, with Fail,
+//     Succeed or Release on the Permit of the request's context
+//     (FromContext; a nil Permit's methods do nothing). The first outcome
 //     reported counts; the status is only looked at when none was reported.
 //     Report explicitly when a handler's own status codes differ.
 //
@@ -131,26 +132,21 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-// Problem type slugs of the sign-in throttle.
+// Problem type slugs of the sign-in throttle (see WriteError).
 const (
-	// SlugTooMany: the key had too many failed sign-ins in its window (429).
-	SlugTooMany = "too-many-failed-sign-ins"
-	// SlugUnavailable: the throttle's database cannot be reached (503).
-	SlugUnavailable = "sign-in-unavailable"
-	// SlugInvalid: the request body could not be read or carries no
-	// username (400).
-	SlugInvalid = "invalid-sign-in-request"
-	// SlugTooLarge: the request body is larger than MaxBodyBytes (413).
-	SlugTooLarge = "sign-in-request-too-large"
+	slugTooMany     = "too-many-failed-sign-ins"
+	slugUnavailable = "sign-in-unavailable"
+	slugInvalid     = "invalid-sign-in-request"
+	slugTooLarge    = "sign-in-request-too-large"
 )
 
 // Defaults of Options.
 const (
-	DefaultName               = "sign-in"
-	DefaultLimit              = 5
-	DefaultWindow             = 15 * time.Minute
-	DefaultMaxBodyBytes int64 = 64 << 10
-	DefaultTimeout            = 5 * time.Second
+	defaultName               = "sign-in"
+	defaultLimit              = 5
+	defaultWindow             = 15 * time.Minute
+	defaultMaxBodyBytes int64 = 64 << 10
+	defaultTimeout            = 5 * time.Second
 )
 
 // maxKeyBytes is the longest key stored as it is; longer keys, and keys that
@@ -164,7 +160,8 @@ type Options struct {
 	// Key returns the client key of a sign-in request. It is given a copy of
 	// the request whose body it may read (the handler gets the body again
 	// from the start). ok false, or an empty key, refuses the request 400
-	// (see Unidentified requests). Default: UsernameKey,
+	// (see Unidentified requests). Default: the username of a JSON object
+	// or form body, normalised (NormalizeUsername), prefixed "username:",
 	// which keys on the username alone and never on X-Forwarded-For.
 	Key func(*http.Request) (key string, ok bool)
 	// Limit is how many failed sign-ins a key may have in one window
@@ -233,7 +230,7 @@ type Limiter struct {
 	onError func(http.ResponseWriter, *http.Request, error)
 	log     *slog.Logger
 	obs     *observe.Limit
-	// defaultKey: Options.Key was left to UsernameKey (Reset normalises).
+	// defaultKey: Options.Key was left to the default (Reset normalises).
 	defaultKey bool
 	// memory answers throttled keys until their windows end.
 	sub    *bus.Subscription
@@ -249,35 +246,35 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, errors.New("signin: nil pool")
 	}
 	if opts.Name == "" {
-		opts.Name = DefaultName
+		opts.Name = defaultName
 	}
 	if opts.Limit == 0 {
-		opts.Limit = DefaultLimit
+		opts.Limit = defaultLimit
 	}
 	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
 		return nil, fmt.Errorf("signin: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
 	}
 	if opts.Window == 0 {
-		opts.Window = DefaultWindow
+		opts.Window = defaultWindow
 	}
 	if opts.Window < time.Millisecond {
 		return nil, fmt.Errorf("signin: Window %v below a millisecond", opts.Window)
 	}
 	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
+		opts.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if opts.MaxBodyBytes < 0 {
 		return nil, errors.New("signin: negative MaxBodyBytes")
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	if opts.Timeout < 0 {
 		return nil, errors.New("signin: negative Timeout")
 	}
 	defaultKey := opts.Key == nil
 	if defaultKey {
-		opts.Key = UsernameKey
+		opts.Key = usernameKey
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
@@ -304,29 +301,21 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 // Name is the limit's name.
 func (l *Limiter) Name() string { return l.name }
 
-// Limit is the number of failures that throttles a key.
-func (l *Limiter) Limit() int { return l.max }
+// Flush does nothing and returns nil: every write of the throttle is made
+// before the answer. It exists so that every pglimit limiter is shut
+// down the same way.
+func (l *Limiter) Flush(context.Context) error { return nil }
 
-// Window is how long failures count.
-func (l *Limiter) Window() time.Duration { return l.window }
+// ErrInvalidRequest is matched by the error OnError gets for a request
+// that carries no key Options.Key can read, or whose body cannot be read
+// (other than one too large, a *http.MaxBytesError), and by Acquire's for
+// an empty key: WriteError answers 400 invalid-sign-in-request.
+var ErrInvalidRequest = errors.New("signin: invalid sign-in request")
 
-// Strict reports whether attempts are reserved before they are evaluated
-// (not Options.Lenient).
-func (l *Limiter) Strict() bool { return l.strict }
-
-// ErrNoAttempt is returned by Failed, Succeeded and Abandoned when the
-// context carries no Permit (the handler is not wrapped by Handler, or the
-// request was unidentified).
-var ErrNoAttempt = errors.New("signin: no sign-in attempt in context")
-
-// ErrNoKey is returned by Acquire for an empty key, and given to OnError
-// for a request whose key Options.Key cannot read (400).
-var ErrNoKey = errors.New("signin: no key")
-
-// ErrUnreadable is matched by the error OnError gets for a request body
-// that could not be read (other than one too large, a
-// *http.MaxBytesError): WriteError answers 400 invalid-sign-in-request.
-var ErrUnreadable = errors.New("signin: the sign-in request body cannot be read")
+var (
+	errNoKey      = fmt.Errorf("%w: no key", ErrInvalidRequest)
+	errUnreadable = fmt.Errorf("%w: the body cannot be read", ErrInvalidRequest)
+)
 
 // ErrNotRecorded is matched by the error OnError gets when the handler
 // answered 401 but the failure could not be counted: an uncounted failure
@@ -383,17 +372,14 @@ type Permit struct {
 	out outcome
 }
 
-// Key returns the attempt's key as stored in login_attempt.
-func (p *Permit) Key() string { return p.key }
-
 // Refusal is, in dry run, the refusal this sign-in would have had: the key
 // is throttled, and the attempt goes on unreserved. Nil when it fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
-// StoredKey is the form of key kept in login_attempt: key itself when it is
+// storedKey is the form of key kept in login_attempt: key itself when it is
 // valid UTF-8 without NUL and at most 200 bytes, otherwise "sha256:" and the
 // hex digest of key, so that no client input can make the statement fail.
-func StoredKey(key string) string {
+func storedKey(key string) string {
 	if len(key) <= maxKeyBytes && utf8.ValidString(key) && !containsNUL(key) {
 		return key
 	}
@@ -420,9 +406,9 @@ func containsNUL(s string) bool {
 // reservation. Report the outcome on the Permit: Fail, Succeed or Release.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
-		return nil, ErrNoKey
+		return nil, errNoKey
 	}
-	key = StoredKey(key)
+	key = storedKey(key)
 	dryRun := l.obs.DryRun()
 	if !dryRun {
 		le, gate := l.recall(key)
@@ -485,22 +471,22 @@ func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
 // login_attempt goes, and every replica forgets the key's refusal within
 // about a second (the notification of the same statement). key is what
 // Options.Key returns; for the default key, the username as the client
-// typed it (Reset normalises it as UsernameKey does). It returns the
+// typed it (Reset normalises it as the default key does). It returns the
 // failures the key had. For an operator who lets a locked-out user in.
 func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	if l.defaultKey {
 		u := NormalizeUsername(key)
 		if u == "" {
-			return 0, ErrNoKey
+			return 0, errNoKey
 		}
 		key = "username:" + u
 	}
 	if key == "" {
-		return 0, ErrNoKey
+		return 0, errNoKey
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	n, err := l.q.LoginAttemptReset(ctx, l.pool, StoredKey(key))
+	n, err := l.q.LoginAttemptReset(ctx, l.pool, storedKey(key))
 	if err != nil {
 		return 0, fmt.Errorf("signin: reset: %w", dberr.OwnTimeout(ctx, err))
 	}
@@ -690,41 +676,9 @@ func FromContext(ctx context.Context) (*Permit, bool) {
 	return p, ok
 }
 
-// NewContext returns ctx carrying p, for code that calls Acquire itself and
-// hands the Permit down.
-func NewContext(ctx context.Context, p *Permit) context.Context {
+// newContext returns ctx carrying p.
+func newContext(ctx context.Context, p *Permit) context.Context {
 	return context.WithValue(ctx, permitKey{}, p)
-}
-
-// Failed records the failed sign-in of ctx's Permit now, in its own
-// transaction (see Permit.Fail). Call it before writing the response; the
-// handler may then roll back its own transaction.
-func Failed(ctx context.Context) error {
-	p, ok := FromContext(ctx)
-	if !ok {
-		return ErrNoAttempt
-	}
-	return p.Fail(ctx)
-}
-
-// Succeeded reports a successful sign-in of ctx's Permit now (see
-// Permit.Succeed).
-func Succeeded(ctx context.Context) error {
-	p, ok := FromContext(ctx)
-	if !ok {
-		return ErrNoAttempt
-	}
-	return p.Succeed(ctx)
-}
-
-// Abandoned reports that ctx's request was not a sign-in attempt (see
-// Permit.Release).
-func Abandoned(ctx context.Context) error {
-	p, ok := FromContext(ctx)
-	if !ok {
-		return ErrNoAttempt
-	}
-	return p.Release(ctx)
 }
 
 // WriteError answers a failed sign-in request; it is the default
@@ -734,7 +688,7 @@ func Abandoned(ctx context.Context) error {
 //     members limit and retryAfter (seconds), the same for every username,
 //     known or not;
 //   - *http.MaxBytesError: 413 sign-in-request-too-large;
-//   - ErrUnreadable: 400 invalid-sign-in-request;
+//   - ErrInvalidRequest: 400 invalid-sign-in-request;
 //   - ErrNotRecorded, a database that cannot be reached or did not answer
 //     in time (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
 //     sign-in-unavailable with Retry-After;
@@ -751,7 +705,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &le):
 		retry := problem.RetryAfterSeconds(le.RetryAfter)
 		problem.Write(w, &problem.Details{
-			Slug:   SlugTooMany,
+			Slug:   slugTooMany,
 			Title:  "Too many failed sign-ins",
 			Status: http.StatusTooManyRequests,
 			Detail: fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
@@ -761,17 +715,17 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry},
 		})
 	case errors.As(err, &tooLarge):
-		problem.Write(w, &problem.Details{Slug: SlugTooLarge, Title: "Sign-in request too large",
+		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",
 			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
-	case errors.Is(err, ErrNoKey):
-		problem.BadRequest(w, SlugInvalid, "Invalid sign-in request",
+	case errors.Is(err, errNoKey):
+		problem.BadRequest(w, slugInvalid, "Invalid sign-in request",
 			"The sign-in request must carry a username: a JSON object or a form with the field \"username\".")
-	case errors.Is(err, ErrUnreadable):
-		problem.BadRequest(w, SlugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
+	case errors.Is(err, ErrInvalidRequest):
+		problem.BadRequest(w, slugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
 	case errors.Is(err, ErrNotRecorded):
-		problem.Unavailable(w, r, SlugUnavailable, detailUnavailable)
+		problem.Unavailable(w, r, slugUnavailable, detailUnavailable)
 	default:
-		respond.Error(w, r, err, SlugUnavailable, detailUnavailable)
+		respond.Error(w, r, err, slugUnavailable, detailUnavailable)
 	}
 }
 

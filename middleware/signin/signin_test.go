@@ -502,7 +502,8 @@ func TestFailureSurvivesRollback(t *testing.T) {
 					return
 				}
 				if explicit {
-					if err := signin.Failed(r.Context()); err != nil {
+					p, _ := signin.FromContext(r.Context())
+					if err := p.Fail(r.Context()); err != nil {
 						problem.Internal(w, r)
 						return
 					}
@@ -853,7 +854,8 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		case "nothing":
 		case "explicit":
-			_ = signin.Abandoned(r.Context())
+			p, _ := signin.FromContext(r.Context())
+			_ = p.Release(r.Context())
 			w.WriteHeader(http.StatusUnauthorized) // the explicit report wins
 		case "401":
 			w.WriteHeader(http.StatusUnauthorized)
@@ -1048,8 +1050,8 @@ func TestNonHTTPAPI(t *testing.T) {
 			}
 		})
 	}
-	if err := signin.Failed(ctx); !errors.Is(err, signin.ErrNoAttempt) {
-		t.Fatalf("Failed without an attempt: %v", err)
+	if p, ok := signin.FromContext(ctx); ok || p.Fail(ctx) != nil || p.Succeed(ctx) != nil || p.Release(ctx) != nil {
+		t.Fatalf("a context without an attempt: FromContext %v, %v; a nil Permit's methods must do nothing", p, ok)
 	}
 }
 

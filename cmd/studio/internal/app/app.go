@@ -305,7 +305,7 @@ func (a *App) setupLimits() error {
 		Lenient:       !cfg.SignInStrict,
 		Logger:        a.log,
 		MeterProvider: a.meters,
-		DryRun:        cfg.DryRun[signin.DefaultName],
+		DryRun:        cfg.DryRun["sign-in"],
 	})
 	if err != nil {
 		return err

@@ -137,7 +137,7 @@ func (a *App) live(w http.ResponseWriter, r *http.Request) (*liveView, bool) {
 		Replica: l.Replica, Now: time.Now(), Throttles: l.Throttles, Replicas: l.Replicas, ReadyReplicas: l.ReadyReplicas,
 		InstallationCap: l.InstallationCap, InFlight: l.InFlight, InFlightCap: a.inflight.Limit(),
 		UploadLimit: a.uploads.Limit(), UploadWindow: upload.FormatWindow(a.uploads.Window()),
-		SignInLimit: a.signin.Limit(), SignInWindow: upload.FormatWindow(a.signin.Window()),
+		SignInLimit: a.cfg.SignInFailures, SignInWindow: upload.FormatWindow(a.cfg.SignInWindow),
 	}
 	if l.ReadReplica != nil {
 		v.ReadReplica = map[bool]string{true: "answers; history reads go to it", false: "does not answer; history reads go to the primary"}[*l.ReadReplica]

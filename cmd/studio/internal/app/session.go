@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -29,7 +30,7 @@ type sessionRequest struct {
 }
 
 // signInKey keys the sign-in throttle on the username of the JSON body,
-// normalised as signin.UsernameKey does, whatever the Content-Type says:
+// normalised as signin's default key is, whatever the Content-Type says:
 // the service reads every JSON body that way (decodeJSON), and curl -d
 // sends a form type. A body that is not a JSON object with a username is
 // not identified: the throttle answers it 400 invalid-sign-in-request and
@@ -67,7 +68,7 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 		hash = []byte(user.PasswordHash)
 	case errors.Is(err, pgx.ErrNoRows):
 	default:
-		_ = signin.Abandoned(r.Context())
+		abandon(r.Context())
 		a.signInUnavailable(w, r, err)
 		return
 	}
@@ -84,9 +85,17 @@ func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 	if _, err := a.q.ApiTokenCreate(ctx, a.primary, &studiodb.ApiTokenCreateParams{
 		Digest: TokenDigest(token), UserID: user.ID, Name: "session", TtlMs: sessionTTL.Milliseconds(),
 	}); err != nil {
-		_ = signin.Abandoned(r.Context())
+		abandon(r.Context())
 		a.signInUnavailable(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"token": token, "expiresIn": int(sessionTTL.Seconds())})
+}
+
+// abandon reports that the sign-in request was not an attempt (no
+// password was judged): the throttle gives its reservation back.
+func abandon(ctx context.Context) {
+	if p, ok := signin.FromContext(ctx); ok {
+		_ = p.Release(ctx)
+	}
 }

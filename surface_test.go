@@ -1,0 +1,133 @@
+package pglimit_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// maxExported bounds the library's public surface: the exported
+// identifiers (constants, variables, types, functions, and methods of
+// exported types) of every package an adopter imports, outside db/ (the
+// sqlc output, documented as not part of the API) and the test and tool
+// harness.
+const maxExported = 190
+
+// notPublic are the folders whose packages are not the library's API.
+var notPublic = []string{"internal", "cmd", "examples", "db", "harness", "tools", "testdata", "docs", "sql/queries"}
+
+// TestPublicSurface counts the exported identifiers of the library's
+// public packages and fails past maxExported (issue 20: the surface a Go
+// engineer reads in ten minutes).
+func TestPublicSurface(t *testing.T) {
+	counts, fields := surface(t, ".")
+	var pkgs []string
+	total, totalFields := 0, 0
+	for p, n := range counts {
+		pkgs = append(pkgs, p)
+		total += n
+		totalFields += fields[p]
+	}
+	sort.Strings(pkgs)
+	for _, p := range pkgs {
+		t.Logf("%-22s %3d identifiers, %3d struct fields", p, counts[p], fields[p])
+	}
+	t.Logf("%-22s %3d identifiers, %3d struct fields", "all", total, totalFields)
+	if total > maxExported {
+		t.Errorf("the public packages export %d identifiers, more than %d", total, maxExported)
+	}
+}
+
+func surface(t *testing.T, root string) (counts, fields map[string]int) {
+	t.Helper()
+	counts, fields = map[string]int{}, map[string]int{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel := filepath.ToSlash(p)
+		if d.IsDir() {
+			if rel != "." && (strings.HasPrefix(d.Name(), ".") || strings.Contains("/"+rel+"/", "/internal/")) {
+				return filepath.SkipDir
+			}
+			for _, skip := range notPublic {
+				if rel == skip || strings.HasPrefix(rel, skip+"/") {
+					return filepath.SkipDir
+				}
+			}
+			if rel != "." {
+				if _, err := os.Stat(filepath.Join(p, "go.mod")); err == nil {
+					return filepath.SkipDir // another module
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), p, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		if f.Name.Name == "main" {
+			return nil
+		}
+		pkg := filepath.ToSlash(filepath.Dir(rel))
+		for _, decl := range f.Decls {
+			switch decl := decl.(type) {
+			case *ast.FuncDecl:
+				if decl.Name.IsExported() && (decl.Recv == nil || exportedRecv(decl.Recv)) {
+					counts[pkg]++
+				}
+			case *ast.GenDecl:
+				for _, spec := range decl.Specs {
+					switch spec := spec.(type) {
+					case *ast.TypeSpec:
+						if !spec.Name.IsExported() {
+							continue
+						}
+						counts[pkg]++
+						if st, ok := spec.Type.(*ast.StructType); ok {
+							for _, fl := range st.Fields.List {
+								for _, n := range fl.Names {
+									if n.IsExported() {
+										fields[pkg]++
+									}
+								}
+							}
+						}
+					case *ast.ValueSpec:
+						for _, n := range spec.Names {
+							if n.IsExported() {
+								counts[pkg]++
+							}
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return counts, fields
+}
+
+func exportedRecv(recv *ast.FieldList) bool {
+	typ := recv.List[0].Type
+	if star, ok := typ.(*ast.StarExpr); ok {
+		typ = star.X
+	}
+	if idx, ok := typ.(*ast.IndexExpr); ok {
+		typ = idx.X
+	}
+	id, ok := typ.(*ast.Ident)
+	return ok && id.IsExported()
+}
