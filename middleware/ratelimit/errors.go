@@ -13,12 +13,12 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-// SlugTooMany is the problem type slug of a refused request.
-const SlugTooMany = "too-many-requests"
+// slugTooMany is the problem type slug of a refused request.
+const slugTooMany = "too-many-requests"
 
-// SlugUnavailable is the problem type slug of a decision the database
+// slugUnavailable is the problem type slug of a decision the database
 // could not make (fail closed).
-const SlugUnavailable = respond.SlugUnavailable
+const slugUnavailable = respond.SlugUnavailable
 
 // LimitError is a refused request.
 type LimitError struct {
@@ -91,7 +91,7 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 	setHeaders(w.Header(), e.Policies)
 	ext := map[string]any{"limit": e.Limit, "violated-policies": e.Violated}
 	d := &problem.Details{
-		Slug: SlugTooMany, Title: "Too many requests", Status: http.StatusTooManyRequests,
+		Slug: slugTooMany, Title: "Too many requests", Status: http.StatusTooManyRequests,
 		Instance: r.URL.Path, Extensions: ext,
 	}
 	if e.RetryAfter > 0 {

@@ -9,14 +9,14 @@ import (
 
 // Header names of draft-ietf-httpapi-ratelimit-headers-11.
 const (
-	HeaderPolicy    = "RateLimit-Policy"
-	HeaderRateLimit = "RateLimit"
+	headerPolicy    = "RateLimit-Policy"
+	headerRateLimit = "RateLimit"
 )
 
-// BurstParameter is the RateLimit-Policy parameter that carries a
+// burstParameter is the RateLimit-Policy parameter that carries a
 // policy's Burst when it differs from its Limit (draft-11 asks
 // implementation-specific parameters to carry a vendor prefix).
-const BurstParameter = "pglimit-burst"
+const burstParameter = "pglimit-burst"
 
 // setHeaders adds RateLimit-Policy and RateLimit for states, one list
 // member per policy, as RFC 9651 structured-field lists. It adds nothing
@@ -35,7 +35,7 @@ func setHeaders(h http.Header, states []PolicyState) {
 		writeParam(&policy, "q", int64(s.Limit))
 		writeParam(&policy, "w", int64(s.Window.Seconds()))
 		if b := s.burst(); b != s.Limit {
-			writeParam(&policy, BurstParameter, int64(b))
+			writeParam(&policy, burstParameter, int64(b))
 		}
 		writeString(&limit, s.Name)
 		writeParam(&limit, "r", int64(s.Remaining))
@@ -44,8 +44,8 @@ func setHeaders(h http.Header, states []PolicyState) {
 	// Added, not set: the fields are lists that may span several field
 	// lines, so a response limited by several limiters (nested, or a
 	// refusal written by another limit behind this one) lists them all.
-	h.Add(HeaderPolicy, policy.String())
-	h.Add(HeaderRateLimit, limit.String())
+	h.Add(headerPolicy, policy.String())
+	h.Add(headerRateLimit, limit.String())
 }
 
 // writeString writes s as an sf-string (RFC 9651 section 4.1.6). Policy

@@ -9,24 +9,12 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/pglimit/pglimit/internal/observe"
 )
 
-// Metric names. No attribute carries a key.
-const (
-	// MetricDecisions counts decisions, with the attributes limit (the
-	// limiter's Name), outcome (granted, refused, dry-run-refused, error)
-	// and scope (key). Every pglimit limiter counts in it.
-	MetricDecisions = observe.MetricDecisions
-	// MetricDuration is a histogram of the database work of each decision,
-	// in seconds, with the attributes limit and op (check).
-	MetricDuration = observe.MetricDuration
-	// MetricIncidents counts incidents: runs of failed decisions, from the
-	// first to the next decision that succeeds, with the attributes limit
-	// and fail (open or closed).
-	MetricIncidents = "pglimit.ratelimit.incidents"
-)
+// metricIncidents counts incidents: runs of failed decisions, from the
+// first to the next decision that succeeds, with the attributes limit and
+// fail (open or closed). No attribute carries a key.
+const metricIncidents = "pglimit.ratelimit.incidents"
 
 // scopeKey is the kind of scope of every decision (attribute scope): the
 // key Options.Key returns.
@@ -35,7 +23,7 @@ const scopeKey = "key"
 const meterName = "github.com/pglimit/pglimit/middleware/ratelimit"
 
 func newIncidentCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
-	c, err := mp.Meter(meterName).Int64Counter(MetricIncidents,
+	c, err := mp.Meter(meterName).Int64Counter(metricIncidents,
 		metric.WithDescription("Runs of rate-limit decisions that failed (the database could not be reached or answered an error)."),
 		metric.WithUnit("{incident}"))
 	if err != nil {

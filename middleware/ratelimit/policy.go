@@ -3,16 +3,14 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
 
-// MaxWindow bounds a Policy's Window.
-const MaxWindow = 366 * 24 * time.Hour
+// maxWindow bounds a Policy's Window.
+const maxWindow = 366 * 24 * time.Hour
 
-// MaxPolicies bounds the policies of one request.
-const MaxPolicies = 16
+// maxPolicies bounds the policies of one request.
+const maxPolicies = 16
 
 // maxUnits bounds a Policy's Limit and Burst: a million units a window
 // (the unit's time is at least a microsecond, the database clock's
@@ -42,28 +40,11 @@ type Policy struct {
 	// header's q): 1..1,000,000. Required.
 	Limit int
 	// Window is the period of Limit (the header's w): a whole number of
-	// seconds, from one second to MaxWindow. Required.
+	// seconds, from one second to maxWindow. Required.
 	Window time.Duration
 	// Burst is the most units a key may spend at once: 1..1,000,000.
 	// Default Limit.
 	Burst int
-}
-
-// String writes p as "name: limit/window, burst b".
-func (p Policy) String() string {
-	return fmt.Sprintf("%s: %d/%s, burst %d", p.Name, p.Limit, windowString(p.Window), p.burst())
-}
-
-func windowString(w time.Duration) string {
-	switch w {
-	case time.Second:
-		return "s"
-	case time.Minute:
-		return "m"
-	case time.Hour:
-		return "h"
-	}
-	return w.String()
 }
 
 func (p Policy) burst() int {
@@ -93,8 +74,8 @@ func checkPolicies(ps []Policy) error {
 	if len(ps) == 0 {
 		return policyError("no policy")
 	}
-	if len(ps) > MaxPolicies {
-		return policyError("%d policies, more than %d", len(ps), MaxPolicies)
+	if len(ps) > maxPolicies {
+		return policyError("%d policies, more than %d", len(ps), maxPolicies)
 	}
 	for i, p := range ps {
 		if err := validName(p.Name); err != nil {
@@ -108,8 +89,8 @@ func checkPolicies(ps []Policy) error {
 		if p.Limit < 1 || p.Limit > maxUnits {
 			return policyError("policy %q: Limit %d is not within 1..%d", p.Name, p.Limit, maxUnits)
 		}
-		if p.Window < time.Second || p.Window > MaxWindow || p.Window%time.Second != 0 {
-			return policyError("policy %q: Window %v is not a whole number of seconds within 1s..%v", p.Name, p.Window, MaxWindow)
+		if p.Window < time.Second || p.Window > maxWindow || p.Window%time.Second != 0 {
+			return policyError("policy %q: Window %v is not a whole number of seconds within 1s..%v", p.Name, p.Window, maxWindow)
 		}
 		if p.Burst < 0 || p.Burst > maxUnits {
 			return policyError("policy %q: Burst %d is not within 1..%d (0: Limit)", p.Name, p.Burst, maxUnits)
@@ -131,33 +112,4 @@ func validName(s string) error {
 		}
 	}
 	return nil
-}
-
-// ParseRate reads a rate written "N/s", "N/m" or "N/h" (N units per
-// second, minute or hour) into a Limit and a Window, as command-line flags
-// take it. "0" is no rate at all: ok is false and err nil.
-func ParseRate(s string) (limit int, window time.Duration, ok bool, err error) {
-	s = strings.TrimSpace(s)
-	if s == "0" {
-		return 0, 0, false, nil
-	}
-	n, unit, found := strings.Cut(s, "/")
-	if !found {
-		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: want N/s, N/m, N/h or 0", s)
-	}
-	switch unit {
-	case "s":
-		window = time.Second
-	case "m":
-		window = time.Minute
-	case "h":
-		window = time.Hour
-	default:
-		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: the unit is s, m or h", s)
-	}
-	limit, err = strconv.Atoi(n)
-	if err != nil || limit < 1 || limit > maxUnits {
-		return 0, 0, false, fmt.Errorf("ratelimit: rate %q: N is a whole number within 1..%d", s, maxUnits)
-	}
-	return limit, window, true, nil
 }

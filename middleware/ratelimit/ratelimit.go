@@ -39,6 +39,49 @@
 // and Retry-After: the whole seconds, rounded up, until the request would
 // fit, computed from the same statement's state.
 //
+// # Refusals from memory
+//
+// Under GCRA a key's state only moves later until an operator resets it:
+// other replicas can spend more, never less. So a refusal holds, exactly,
+// for every request of that key of the same cost or more under the same
+// policies until the time the statement named, and while pglimit.Run
+// listens for invalidations (LISTEN pglimit) a replica answers those
+// requests from memory with no statement: the same 429, headers and
+// Retry-After, judged at the database's time (mapped from the replica's
+// clock through the statement that refused, never later than the
+// database's). A cheaper request, or one under other policies, is decided
+// in the database; while a key is refused a replica's statements for it
+// take turns, so a key hammered past its rate costs each replica one
+// statement per refusal period besides the admitted ones. Reset clears a
+// key everywhere within about a second. The table is bounded: at most
+// 10,000 keys per Limiter (under 600 bytes each with one policy, about
+// 6 MB); when it is full and nothing in it has lapsed, a new refusal is
+// not remembered. Such refusals are counted in pglimit.decisions with the
+// attribute source "memory". Dry run never answers from memory.
+//
+// # Borrowing
+//
+// With Options.Borrow, a key this replica decides ten times a second or
+// more takes its policy's units in batches: one statement
+// (APIRequestWindowBorrow) spends, in the database, about a second of the
+// policy's units but at most a share of what the key has free (half while
+// at least half is free, a quarter down to a fifth, a tenth below), and
+// the replica spends them in memory. A batch is a stretch of the GCRA's
+// own time line, and a unit of it is spent only while the database clock
+// has not passed it, so every replica's admissions together stay within
+// Burst + Limit × L / Window in every interval of length L, as without
+// borrowing (the tests hold three replicas to that bound). The price is
+// units one replica holds that another could have used: a request of
+// another replica may be refused that would have fit. A batch unused for
+// 250 ms, and every batch at Flush, is given back when no other decision
+// spent after it; otherwise its units lapse. A replica that is killed
+// strands at most its batches — per key at most half the burst — until
+// they lapse, within Burst × Window / Limit. The metrics
+// pglimit.ratelimit.borrowed, .spent, .returned and .stranded count units
+// (attribute limit); a unit spent from memory is a decision of
+// pglimit.decisions with source "memory". Keys decided less often, keys
+// under several policies and dry run decide in the database per request.
+//
 // # Failures
 //
 // When the database cannot be reached or does not answer within Timeout,
@@ -80,8 +123,8 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultName    = "api"
-	DefaultTimeout = 5 * time.Second
+	defaultName    = "api"
+	defaultTimeout = 5 * time.Second
 )
 
 // Options configure a Limiter. Key and Policies (or PolicyFunc) are
@@ -190,7 +233,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, errors.New("ratelimit: nil pool")
 	}
 	if opts.Name == "" {
-		opts.Name = DefaultName
+		opts.Name = defaultName
 	}
 	if err := validName(opts.Name); err != nil {
 		return nil, fmt.Errorf("ratelimit: Options.Name: %v", err)
@@ -210,7 +253,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, errors.New("ratelimit: negative Options.Timeout")
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
@@ -294,9 +337,6 @@ func (l *Limiter) Flush(ctx context.Context) error {
 // Name is the limiter's name.
 func (l *Limiter) Name() string { return l.name }
 
-// Policies are the policies of Options.Policies.
-func (l *Limiter) Policies() []Policy { return slices.Clone(l.policies) }
-
 // PolicyState is one policy of a decision and the key's state in it.
 type PolicyState struct {
 	Policy
@@ -314,17 +354,21 @@ type PolicyState struct {
 type Permit struct {
 	// Name is the limiter's name.
 	Name string
-	// Cost is the units the request spent (0 when Refusal is set).
+	// Cost is the units the request spent (0 in dry run when Refusal is
+	// not nil).
 	Cost int
 	// Policies are the request's policies, in its order.
 	Policies []PolicyState
 	// At is when the decision was made, on the database clock.
 	At time.Time
-	// Refusal is, in dry run, the refusal the decision would have been
-	// without it (the request was let through and spent nothing); nil
-	// when the request fits.
-	Refusal *LimitError
+
+	refusal *LimitError
 }
+
+// Refusal is, in dry run, the refusal the decision would have been
+// without it (the request was let through and spent nothing); nil when
+// the request fits.
+func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release does nothing and returns nil: a rate is spent when it is
 // granted and never given back. It exists so that every pglimit permit
@@ -337,7 +381,7 @@ func (p *Permit) SetHeaders(h http.Header) { setHeaders(h, p.Policies) }
 
 // Acquire spends one unit of key's rate under Options.Policies, for
 // callers that are not HTTP handlers. It returns a *LimitError when a
-// policy has no room (in dry run: a Permit with Refusal set).
+// policy has no room (in dry run: a Permit whose Refusal says so).
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	return l.AcquireN(ctx, key, 1, nil)
 }
@@ -353,7 +397,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 		return nil, errors.New("ratelimit: empty key")
 	}
 	if cost < 0 {
-		return nil, fmt.Errorf("%w: %d", ErrInvalidCost, cost)
+		return nil, fmt.Errorf("%w: %d", errInvalidCost, cost)
 	}
 	if policies == nil {
 		policies = l.policies
@@ -488,8 +532,8 @@ func (l *Limiter) borrowed(ctx context.Context, key string, p *Permit, err error
 	return nil, err
 }
 
-// ErrInvalidCost is matched by the error of a negative cost.
-var ErrInvalidCost = errors.New("ratelimit: negative cost")
+// errInvalidCost is matched by the error of a negative cost.
+var errInvalidCost = errors.New("ratelimit: negative cost")
 
 // refused counts and returns a refusal, or in dry run logs it and returns
 // a Permit that carries it.
@@ -497,7 +541,7 @@ func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Perm
 	if !l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter) {
 		return nil, e
 	}
-	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, Refusal: e}, nil
+	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, refusal: e}, nil
 }
 
 // exceedsBurst names the policies whose Burst is below cost: a request of
@@ -714,7 +758,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			case l.failOpen && isUnavailable(err) && !isCanceled(r.Context(), err):
 				next.ServeHTTP(w, r)
 				return
-			case errors.Is(err, ErrInvalidPolicy), errors.Is(err, ErrInvalidCost):
+			case errors.Is(err, ErrInvalidPolicy), errors.Is(err, errInvalidCost):
 				l.errLog.Log(r.Context(), l.log, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
 					"limit", l.name, "err", err)
 			}
