@@ -14,42 +14,27 @@ import (
 var ErrLimited = errors.New("pglimit: limit reached")
 
 // Class is what kind of failure a database error is, as Classify tells it.
-type Class int
+// Its value is its name, ready for a log line or a metric attribute.
+type Class string
 
 const (
 	// ClassNone is no error at all.
-	ClassNone Class = iota
+	ClassNone Class = "none"
 	// ClassCanceled is the caller's context canceled: a client went away.
 	// It is not a server error and is not logged as one.
-	ClassCanceled
+	ClassCanceled Class = "canceled"
 	// ClassUnavailable is a database that cannot be reached: a failed
 	// connect, a broken connection, a server shutting down or starting up,
 	// too many connections, or a limiter's own Timeout option expired
 	// while it connected or waited. Answer 503; it passes.
-	ClassUnavailable
+	ClassUnavailable Class = "unavailable"
 	// ClassTimeout is a statement stopped at its time bound:
 	// statement_timeout (SQLSTATE 57014) or a context deadline.
-	ClassTimeout
+	ClassTimeout Class = "timeout"
 	// ClassOther is any other error: a bug, a constraint, a syntax error.
 	// Answer 500 and log it; never send its text to a client.
-	ClassOther
+	ClassOther Class = "other"
 )
-
-// String names the class: "none", "canceled", "unavailable", "timeout" or
-// "other".
-func (c Class) String() string {
-	switch c {
-	case ClassNone:
-		return "none"
-	case ClassCanceled:
-		return "canceled"
-	case ClassUnavailable:
-		return "unavailable"
-	case ClassTimeout:
-		return "timeout"
-	}
-	return "other"
-}
 
 // Classify tells what kind of failure err is, for every error pglimit
 // returns and for the pgx errors of a service's own queries. It looks, in
@@ -73,9 +58,3 @@ func Classify(err error) Class {
 	}
 	return ClassOther
 }
-
-// IsUnavailable reports whether Classify(err) is ClassUnavailable.
-func IsUnavailable(err error) bool { return Classify(err) == ClassUnavailable }
-
-// IsTimeout reports whether Classify(err) is ClassTimeout.
-func IsTimeout(err error) bool { return Classify(err) == ClassTimeout }

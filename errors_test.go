@@ -45,12 +45,6 @@ func TestClassify(t *testing.T) {
 			if got := pglimit.Classify(tc.err); got != tc.want {
 				t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
 			}
-			if got := pglimit.IsUnavailable(tc.err); got != (tc.want == pglimit.ClassUnavailable) {
-				t.Errorf("IsUnavailable = %v", got)
-			}
-			if got := pglimit.IsTimeout(tc.err); got != (tc.want == pglimit.ClassTimeout) {
-				t.Errorf("IsTimeout = %v", got)
-			}
 		})
 	}
 }
@@ -69,5 +63,14 @@ func TestClassifyConnectAndOwnTimeout(t *testing.T) {
 	}
 	if got := pglimit.Classify(err); got != pglimit.ClassUnavailable {
 		t.Errorf("Classify(%v) = %v, want unavailable", err, got)
+	}
+}
+
+// TestClassNames pins the names a log line or a metric attribute carries.
+func TestClassNames(t *testing.T) {
+	t.Parallel()
+	got := fmt.Sprint([]pglimit.Class{pglimit.ClassNone, pglimit.ClassCanceled, pglimit.ClassUnavailable, pglimit.ClassTimeout, pglimit.ClassOther})
+	if want := "[none canceled unavailable timeout other]"; got != want {
+		t.Errorf("class names %q, want %q", got, want)
 	}
 }

@@ -1,6 +1,7 @@
 // Package pglimit makes request limits hold across every replica of a Go
 // HTTP service by counting them in PostgreSQL, the database the service
-// already has (ADR-0196).
+// already has: no Redis, no sidecar. It implements the decision record
+// ADR-0196 (docs/ADR-0196.txt in the repository).
 //
 // The limits are in their own packages, all of one shape (New with checked
 // Options, Handler(next), Acquire(ctx, key) for code that is not HTTP, a
@@ -8,17 +9,37 @@
 // middleware/heavy (expensive endpoints), middleware/inflight (requests in
 // flight per token), middleware/upload (uploads per rolling window),
 // middleware/signin (failed sign-ins), middleware/ratelimit (request rate
-// per key, GCRA). middleware/readroute sends history
-// reads to a read replica, cursor pages deep history by key, nodelimit
-// shares an outbound call rate between replicas, and permit is the leased
-// slot under heavy, inflight and upload, usable on its own.
+// per key, GCRA). middleware/readroute sends history reads to a read
+// replica, cursor pages deep history by key, nodelimit shares an outbound
+// call rate between replicas, and permit is the leased slot under heavy,
+// inflight and upload, usable on its own.
 //
 // This package is the small part they share: ErrLimited, which every
 // refusal matches; Classify, which tells a database that cannot be reached
 // from a statement that timed out from anything else; MaxLimit, the bound
 // of every cap; Migrate, which creates pglimit's schema; Run, which runs
-// what every replica runs in the background; and Refusals, every limit's
-// refusals per minute across all replicas.
+// what every replica runs in the background (the replica registry's
+// heartbeat, housekeeping, the listener of invalidations); and Refusals,
+// every limit's refusals per minute across all replicas.
+//
+// What it guarantees: every permit and counter is a row of an UNLOGGED
+// table in the schema pglimit, apart from the service's own tables, taken
+// or counted in one atomic statement, so two replicas never take the same
+// slot nor lose each other's counts. Every row lapses at a time it
+// carries, computed on the database clock, never on a replica's: a replica
+// that dies holds nothing for long.
+//
+// What it costs: a few small statements on the service's own pool per
+// limited request (each limiter's package says which), and the background
+// work of Run: a heartbeat every 5 s and a sweep every minute per replica,
+// and one connection per replica held open for LISTEN.
+//
+// How it fails: a crash of the database empties the UNLOGGED tables, and
+// the limits start again from zero — the safe direction for a permit, a
+// short reprieve for a throttle. A database that cannot be reached is
+// ClassUnavailable; each limiter's package says whether it then refuses or
+// lets requests through, and its default OnError answers 503. No error
+// text of the database reaches a client.
 //
 // Every limiter counts its decisions in the OpenTelemetry counter
 // pglimit.decisions (attributes limit, outcome, scope; never a key) and

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/housekeep"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -26,12 +26,13 @@ type RunOptions struct {
 	// Default 5s, at least 10ms.
 	Heartbeat time.Duration
 	// Housekeeping is the time between two sweeps of lapsed rows by this
-	// replica (one replica sweeps at a time). Default one minute.
+	// replica (one replica sweeps at a time; see package housekeeping).
+	// Default one minute.
 	Housekeeping time.Duration
 	// Registry, when set, is the registry Run runs, instead of one of its
 	// own: the service keeps it to report Ready in its /readyz, to Drain
-	// at shutdown and to give the node limiter its ready count. Replica and
-	// Heartbeat must then be left zero (they are the registry's own
+	// at shutdown and to give the node limiter its ReadyReplicas. Replica
+	// and Heartbeat must then be left zero (they are the registry's own
 	// options). Default: a registry made from Replica and Heartbeat.
 	Registry *replica.Registry
 	// Logger receives the heartbeat and housekeeping lines. Default
@@ -76,7 +77,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts RunOptions) error {
 			return fmt.Errorf("pglimit: Run: %w", err)
 		}
 	}
-	keeper, err := housekeeping.New(pool, housekeeping.Options{Interval: opts.Housekeeping, Logger: opts.Logger, MeterProvider: opts.MeterProvider})
+	keeper, err := housekeep.New(pool, housekeep.Options{Interval: opts.Housekeeping, Logger: opts.Logger, MeterProvider: opts.MeterProvider})
 	if err != nil {
 		return fmt.Errorf("pglimit: Run: %w", err)
 	}

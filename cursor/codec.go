@@ -7,33 +7,28 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
-	"strings"
 	"time"
 )
 
-// Version is the format version of the cursors this package writes; it is
-// the first byte of the signed payload.
-const Version byte = 1
-
-// Sizes of a cursor.
 const (
-	// MinKeyLen is the shortest HMAC key NewCodec accepts. 32 bytes (what
-	// NewRandomCodec and GenerateKey make) are recommended.
-	MinKeyLen = 16
-	// TagLen is the length of the HMAC-SHA256 tag a cursor carries
+	// version is the format version of the cursors this package writes; it
+	// is the first byte of the signed payload.
+	version byte = 1
+	// minKeyLen is the shortest HMAC key NewCodec accepts; 32 bytes (what
+	// NewRandomCodec makes) are recommended.
+	minKeyLen = 16
+	// tagLen is the length of the HMAC-SHA256 tag a cursor carries
 	// (truncated from 32 bytes).
-	TagLen = 16
-	// EncodedLen is the length of every cursor this version writes: 33 bytes
-	// (version, microseconds, id, tag) in unpadded base64url.
-	EncodedLen = 44
-	// MaxLen caps what Parse and Decode look at: a longer `after` is refused
-	// before it is decoded, whatever it holds.
-	MaxLen = 256
-)
+	tagLen = 16
+	// encodedLen is the length of every cursor this version writes: 33
+	// bytes (version, microseconds, id, tag) in unpadded base64url.
+	encodedLen = 44
+	// maxLen caps what Parse looks at: a longer `after` is refused before
+	// it is decoded, whatever it holds.
+	maxLen = 256
 
-const (
 	payloadLen = 1 + 8 + 8 // version, unix microseconds, id
-	rawLen     = payloadLen + TagLen
+	rawLen     = payloadLen + tagLen
 	domain     = "pglimit/cursor\x00"
 )
 
@@ -46,14 +41,15 @@ var encoding = base64.RawURLEncoding.Strict()
 // in (occurred_at DESC, id DESC) order.
 type Position struct {
 	// At is the row's time. A cursor keeps it to the microsecond, the
-	// precision of a PostgreSQL timestamptz; Decode returns it in UTC.
+	// precision of a PostgreSQL timestamptz, and a parsed cursor gives it in
+	// UTC.
 	At time.Time
 	// ID breaks ties between rows of the same At.
 	ID int64
 }
 
-// Codec signs and verifies cursors with one HMAC-SHA256 key. It is safe for
-// concurrent use.
+// Codec holds the HMAC-SHA256 key a Pager signs and verifies cursors with.
+// It is safe for concurrent use.
 //
 // Every replica of a service must use the same key, given through
 // configuration: a cursor written by one replica is refused by a replica
@@ -64,11 +60,11 @@ type Codec struct {
 	key []byte
 }
 
-// NewCodec returns a Codec signing with key, which must be at least
-// MinKeyLen bytes (32 random bytes recommended; see GenerateKey and
-// ParseKey). The key is copied.
+// NewCodec returns a Codec signing with key, which must be at least 16
+// bytes; 32 random bytes are recommended (`openssl rand -base64 32`, decoded
+// from the service's configuration). The key is copied.
 func NewCodec(key []byte) (*Codec, error) {
-	if len(key) < MinKeyLen {
+	if len(key) < minKeyLen {
 		return nil, errors.New("cursor: key shorter than 16 bytes")
 	}
 	return &Codec{key: append([]byte(nil), key...)}, nil
@@ -79,56 +75,34 @@ func NewCodec(key []byte) (*Codec, error) {
 // including this one after a restart: replicas must share a key through
 // configuration instead (NewCodec).
 func NewRandomCodec() *Codec {
-	return &Codec{key: GenerateKey()}
+	return &Codec{key: generateKey()}
 }
 
-// GenerateKey returns 32 random bytes, a key for NewCodec.
-func GenerateKey() []byte {
+// generateKey returns 32 random bytes.
+func generateKey() []byte {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key) // never fails (crypto/rand, Go 1.24+)
 	return key
 }
 
-// ParseKey decodes a key given in configuration as base64 (standard or URL
-// alphabet, padding optional), e.g. the output of
-// `openssl rand -base64 32`. It refuses a key shorter than MinKeyLen bytes.
-func ParseKey(s string) ([]byte, error) {
-	s = strings.TrimSpace(s)
-	trimmed := strings.TrimRight(s, "=")
-	var key []byte
-	var err error
-	if strings.ContainsAny(trimmed, "-_") {
-		key, err = base64.RawURLEncoding.DecodeString(trimmed)
-	} else {
-		key, err = base64.RawStdEncoding.DecodeString(trimmed)
-	}
-	if err != nil {
-		return nil, errors.New("cursor: key is not base64")
-	}
-	if len(key) < MinKeyLen {
-		return nil, errors.New("cursor: key shorter than 16 bytes")
-	}
-	return key, nil
-}
-
-// Encode returns the cursor of p for the query named by binding (see
+// encode returns the cursor of p for the query named by binding (see
 // Binding). p.At is kept to the microsecond, rounded down.
-func (c *Codec) Encode(binding string, p Position) string {
+func (c *Codec) encode(binding string, p Position) string {
 	var raw [rawLen]byte
-	raw[0] = Version
+	raw[0] = version
 	binary.BigEndian.PutUint64(raw[1:9], uint64(p.At.UnixMicro()))
 	binary.BigEndian.PutUint64(raw[9:17], uint64(p.ID))
 	copy(raw[payloadLen:], c.tag(binding, raw[:payloadLen]))
 	return encoding.EncodeToString(raw[:])
 }
 
-// Decode verifies s and returns its position. It refuses (ErrInvalidCursor)
+// decode verifies s and returns its position. It refuses (ErrInvalidCursor)
 // a cursor that is not exactly one this package writes: forged, edited,
 // truncated, extended, oversized, of an unknown version, signed with another
 // key, or made for another binding (another endpoint, other filters). The
 // signature is compared in constant time.
-func (c *Codec) Decode(binding, s string) (Position, error) {
-	if len(s) != EncodedLen {
+func (c *Codec) decode(binding, s string) (Position, error) {
+	if len(s) != encodedLen {
 		return Position{}, invalidCursor()
 	}
 	// The decoder skips '\r' and '\n'; a cursor has neither, so refuse
@@ -146,7 +120,7 @@ func (c *Codec) Decode(binding, s string) (Position, error) {
 	if !hmac.Equal(raw[payloadLen:], c.tag(binding, raw[:payloadLen])) {
 		return Position{}, invalidCursor()
 	}
-	if raw[0] != Version {
+	if raw[0] != version {
 		return Position{}, invalidCursor()
 	}
 	us := int64(binary.BigEndian.Uint64(raw[1:9]))
@@ -164,7 +138,7 @@ func (c *Codec) tag(binding string, payload []byte) []byte {
 	m.Write(n[:binary.PutUvarint(n[:], uint64(len(binding)))])
 	m.Write([]byte(binding))
 	m.Write(payload)
-	return m.Sum(nil)[:TagLen]
+	return m.Sum(nil)[:tagLen]
 }
 
 func isBase64URL(b byte) bool {

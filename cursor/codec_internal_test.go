@@ -23,7 +23,7 @@ func TestOtherVersionIsRefused(t *testing.T) {
 		binary.BigEndian.PutUint64(raw[9:17], 7)
 		copy(raw[payloadLen:], c.tag("b", raw[:payloadLen]))
 		s := encoding.EncodeToString(raw[:])
-		if p, err := c.Decode("b", s); !errors.Is(err, ErrInvalidCursor) {
+		if p, err := c.decode("b", s); !errors.Is(err, ErrInvalidCursor) {
 			t.Errorf("version %d: decoded to %v, %v", v, p, err)
 		}
 	}

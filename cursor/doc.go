@@ -1,7 +1,18 @@
-// Package cursor pages history reads by key beyond the first rows
-// (ADR-0196 decision 4). It is pure Go: it validates the paging parameters,
-// signs and verifies cursors, and does the arithmetic a handler needs; the
-// SQL stays with the handler (in sqlc queries).
+// Package cursor pages history reads: by page number over the first rows,
+// with a total, and by an opaque keyset cursor beyond them, at the same cost
+// at any depth. It is pure Go: it validates the paging parameters, signs
+// and verifies cursors, and does the arithmetic a handler needs; the SQL
+// stays with the handler (in sqlc queries).
+//
+// What it guarantees: a request it accepts is within the rules (a size the
+// server allows, a page number that reaches no further than the first
+// Rules.Limit rows), and a cursor it accepts is one this service signed for
+// this very query. What it costs: one HMAC-SHA256 of a few dozen
+// bytes per cursor read or written, and no database work of its own; the
+// queries it asks for cost the same at any depth, and the page-mode total
+// counts at most Limit+1 rows. How it fails: every refusal is an error
+// matching ErrInvalidPage, ErrPageTooDeep or ErrInvalidCursor, answered
+// 400 by WriteError, before any SQL runs.
 //
 // # Paging rules
 //
@@ -17,6 +28,10 @@
 // limits are Rules; WriteError writes the same problem+json body on every
 // endpoint.
 //
+// A Pager is made once with NewPager and shared; Parse checks a request,
+// Next signs the cursor of the next page, CountLimit and Total cap the
+// page-mode count.
+//
 // # Cursors
 //
 // A cursor is opaque to clients: a version byte, a keyset position (a time
@@ -25,13 +40,15 @@
 // ways), 44 characters. The tag covers a binding the caller gives, the
 // endpoint's name and its canonical filters (Binding), so a cursor of
 // /api/events is refused on /api/audit and a cursor made for other filters
-// is refused too. A forged, edited, truncated, extended, oversized (the
-// length is checked before decoding) or foreign cursor is ErrInvalidCursor
-// and never reaches SQL. Tags are compared in constant time (hmac.Equal).
+// is refused too. A forged, edited, truncated, extended, oversized (over
+// 256 bytes it is refused before it is decoded) or foreign cursor is
+// ErrInvalidCursor and never reaches SQL. Tags are compared in constant
+// time (hmac.Equal). A cursor never expires: it names a position, not a
+// snapshot, so the rows after it are read as they are when it is used.
 //
-// Replicas must share one key through configuration (NewCodec, ParseKey):
-// a cursor from one replica fails on a replica with another key.
-// NewRandomCodec is for a single process only.
+// Replicas must share one key of at least 16 bytes through configuration
+// (NewCodec): a cursor from one replica fails on a replica with another
+// key. NewRandomCodec is for a single process only.
 //
 // # What a handler runs
 //
@@ -74,23 +91,14 @@
 // the capped one stops after 10,001, which is also all that page numbers
 // can show. Cursor mode reports no total.
 //
-// Measured by BenchmarkPage and BenchmarkTotal in this package on
-// 2026-12-02 (PostgreSQL 15, 2,000,000 rows, fsync off, a shared 2-vCPU
-// machine under load from other work; medians of 5 runs of
-// go test -run '^$' -bench 'Page|Total' -count 5 ./cursor/):
-//
-//	50-row page at depth   keyset     OFFSET
-//	0                      0.19 ms    0.17 ms
-//	10,000                 0.27 ms    1.9 ms
-//	100,000                0.25 ms    16 ms
-//	1,000,000              0.24 ms    129 ms
-//	1,990,000              0.24 ms    316 ms
-//
-//	count of 2,000,000 rows: exact 95 ms; capped at 10,001 rows 1.2 ms
-//	SELECT 1 round trip (the floor): 0.09 ms
-//
-// The fixture takes about 10 s to build per benchmark function; -short
-// builds 20,000 rows instead, and BENCH_EVENT_ROWS sets any size.
+// BenchmarkPage and BenchmarkTotal in this package measure both on a
+// 2,000,000-row table (go test -run '^$' -bench 'Page|Total' ./cursor/; the
+// fixture takes about 10 s to build per benchmark function, -short builds
+// 20,000 rows, BENCH_EVENT_ROWS sets any size), and BENCHMARKS.md in the
+// repository gives the figures under load ("History pages: keyset against
+// OFFSET"): a keyset page costs the same at any depth where an OFFSET page
+// grows with it, and the capped count stays near a page's cost where an
+// exact count scans the table.
 //
 // Pager and Codec are safe for concurrent use.
 package cursor

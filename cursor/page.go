@@ -8,26 +8,25 @@ import (
 
 // Defaults of Rules.
 const (
-	// DefaultSize is the page size when a request gives none.
-	DefaultSize = 50
-	// DefaultMaxSize is the largest page size a request may ask for.
-	DefaultMaxSize = 200
-	// DefaultLimit is how many rows page numbers reach (ADR-0196 decision 4).
-	DefaultLimit = 10000
+	defaultSize    = 50
+	defaultMaxSize = 200
+	defaultLimit   = 10000
 )
 
 // Query parameters of a history request.
 const (
-	ParamPage  = "page"
-	ParamSize  = "size"
-	ParamAfter = "after"
+	paramPage  = "page"
+	paramSize  = "size"
+	paramAfter = "after"
 )
 
 // maxDigits bounds a page or size parameter; a longer number is refused as
 // invalid-page, never parsed.
 const maxDigits = 9
 
-// Sentinels matched (errors.Is) by every *Error of that kind.
+// The errors Parse returns match one of these (errors.Is). Their text is
+// written for a client and never holds internal text or the client's own
+// input; WriteError answers them.
 var (
 	// ErrInvalidPage: page, size or after is malformed, out of range,
 	// repeated, or page and after are both given. HTTP 400 invalid-page.
@@ -40,71 +39,57 @@ var (
 	ErrInvalidCursor = errors.New("cursor: invalid cursor")
 )
 
-// Error is a refused page request. Its Detail is written for the client and
-// never holds internal text or the client's own input.
-type Error struct {
-	// Kind is ErrInvalidPage, ErrPageTooDeep or ErrInvalidCursor.
-	Kind error
-	// Param is the query parameter at fault: "page", "size" or "after".
-	Param string
-	// Detail says what is wrong, for a human.
-	Detail string
-	// Limit is how many rows page numbers reach (ErrPageTooDeep), else 0.
-	Limit int
+// pageError is a refused page request: its kind (one of the sentinels),
+// the query parameter at fault ("page", "size" or "after"), a detail for
+// the client, and for page-too-deep how many rows page numbers reach.
+type pageError struct {
+	kind   error
+	param  string
+	detail string
+	limit  int
 }
 
-func (e *Error) Error() string { return e.Kind.Error() + ": " + e.Detail }
+func (e *pageError) Error() string { return e.kind.Error() + ": " + e.detail }
 
-// Is reports whether target is e's Kind.
-func (e *Error) Is(target error) bool { return target == e.Kind }
+// Is reports whether target is e's kind.
+func (e *pageError) Is(target error) bool { return target == e.kind }
 
-// Slug is the problem type slug the error is answered with.
-func (e *Error) Slug() string {
-	switch e.Kind {
-	case ErrPageTooDeep:
-		return SlugPageTooDeep
-	case ErrInvalidCursor:
-		return SlugInvalidCursor
-	}
-	return SlugInvalidPage
+// invalidCursorDetail is the detail of invalid-cursor.
+const invalidCursorDetail = "The `after` cursor is not one this endpoint returned for this query. Pass the `next` value of a page of the same query unchanged, or start again from page 1."
+
+func invalidCursor() *pageError {
+	return &pageError{kind: ErrInvalidCursor, param: paramAfter, detail: invalidCursorDetail}
 }
 
-// InvalidCursorDetail is the detail of invalid-cursor.
-const InvalidCursorDetail = "The `after` cursor is not one this endpoint returned for this query. Pass the `next` value of a page of the same query unchanged, or start again from page 1."
-
-func invalidCursor() *Error {
-	return &Error{Kind: ErrInvalidCursor, Param: ParamAfter, Detail: InvalidCursorDetail}
-}
-
-func invalidPage(param, detail string) *Error {
-	return &Error{Kind: ErrInvalidPage, Param: param, Detail: detail}
+func invalidPage(param, detail string) *pageError {
+	return &pageError{kind: ErrInvalidPage, param: param, detail: detail}
 }
 
 // Rules are the paging rules of history endpoints. A zero field takes its
 // default.
 type Rules struct {
-	// MaxSize is the largest page size a request may ask for. Default 200
-	// (DefaultMaxSize).
+	// MaxSize is the largest page size a request may ask for, at most
+	// 999,999,999. Default 200.
 	MaxSize int
-	// DefaultSize is the page size when a request gives none. Default 50
-	// (DefaultSize), and at most MaxSize.
+	// DefaultSize is the page size when a request gives none, from 1 to
+	// MaxSize. Default 50, or MaxSize when that is smaller.
 	DefaultSize int
 	// Limit is how many rows page numbers reach: a page whose rows would go
 	// past row Limit (page*size > Limit) is refused with page-too-deep. It
-	// is also the cap of the page-mode total. Default 10,000 (DefaultLimit),
-	// and at least MaxSize.
+	// is also the cap of the page-mode total. At least MaxSize. Default
+	// 10,000, or MaxSize when that is larger.
 	Limit int
 }
 
 func (r Rules) withDefaults() (Rules, error) {
 	if r.MaxSize == 0 {
-		r.MaxSize = DefaultMaxSize
+		r.MaxSize = defaultMaxSize
 	}
 	if r.DefaultSize == 0 {
-		r.DefaultSize = min(DefaultSize, r.MaxSize)
+		r.DefaultSize = min(defaultSize, r.MaxSize)
 	}
 	if r.Limit == 0 {
-		r.Limit = max(DefaultLimit, r.MaxSize)
+		r.Limit = max(defaultLimit, r.MaxSize)
 	}
 	switch {
 	case r.MaxSize < 1 || r.MaxSize > 999_999_999:
@@ -139,9 +124,9 @@ func (p Page) Offset() int {
 	return (p.Number - 1) * p.Size
 }
 
-// Full reports whether a page that returned rows rows was full, so that more
+// full reports whether a page that returned rows rows was full, so that more
 // rows may follow it.
-func (p Page) Full(rows int) bool { return p.Size > 0 && rows >= p.Size }
+func (p Page) full(rows int) bool { return p.Size > 0 && rows >= p.Size }
 
 // Pager applies the paging rules and signs cursors. It is safe for
 // concurrent use; make one at start-up and share it.
@@ -151,8 +136,9 @@ type Pager struct {
 }
 
 // NewPager returns a Pager signing with codec under rules (zero fields take
-// their defaults). A nil codec is NewRandomCodec(), which is right only for
-// a single process: replicas must share a key (see Codec).
+// their defaults); it refuses rules out of range. A nil codec is
+// NewRandomCodec(), which is right only for a single process: replicas must
+// share a key (see Codec).
 func NewPager(codec *Codec, rules Rules) (*Pager, error) {
 	rules, err := rules.withDefaults()
 	if err != nil {
@@ -164,54 +150,48 @@ func NewPager(codec *Codec, rules Rules) (*Pager, error) {
 	return &Pager{codec: codec, rules: rules}, nil
 }
 
-// Rules returns the rules in force, defaults filled in.
-func (p *Pager) Rules() Rules { return p.rules }
-
-// Codec returns the codec the pager signs with.
-func (p *Pager) Codec() *Codec { return p.codec }
-
 // Parse validates the paging parameters of q for the query named by
 // binding (the same binding the cursor was made with; see Binding) and
 // decodes the cursor. Other parameters of q (filters) are ignored.
 //
 //   - page (1-based) and size, or after and size; never page and after.
-//   - size is 1..MaxSize, default DefaultSize; page defaults to 1.
+//   - size is 1..MaxSize, default Rules.DefaultSize; page defaults to 1.
 //   - Each parameter at most once; numbers are plain decimal digits, at most
 //     9 of them.
 //
-// The error is a *Error: ErrInvalidPage for anything malformed,
+// The error matches ErrInvalidPage for anything malformed,
 // ErrPageTooDeep for a page number whose rows would reach past Limit,
 // ErrInvalidCursor for a cursor that does not verify. Answer it with
 // WriteError.
 func (p *Pager) Parse(q url.Values, binding string) (Page, error) {
-	pageS, hasPage, err := single(q, ParamPage)
+	pageS, hasPage, err := single(q, paramPage)
 	if err != nil {
 		return Page{}, err
 	}
-	afterS, hasAfter, err := single(q, ParamAfter)
+	afterS, hasAfter, err := single(q, paramAfter)
 	if err != nil {
 		return Page{}, err
 	}
-	sizeS, hasSize, err := single(q, ParamSize)
+	sizeS, hasSize, err := single(q, paramSize)
 	if err != nil {
 		return Page{}, err
 	}
 	if hasPage && hasAfter {
-		return Page{}, invalidPage(ParamAfter, "Give either `page` or `after`, not both.")
+		return Page{}, invalidPage(paramAfter, "Give either `page` or `after`, not both.")
 	}
 	size := p.rules.DefaultSize
 	if hasSize {
 		n, ok := number(sizeS)
 		if !ok || n < 1 || n > p.rules.MaxSize {
-			return Page{}, invalidPage(ParamSize, fmt.Sprintf("`size` must be a whole number from 1 to %d.", p.rules.MaxSize))
+			return Page{}, invalidPage(paramSize, fmt.Sprintf("`size` must be a whole number from 1 to %d.", p.rules.MaxSize))
 		}
 		size = n
 	}
 	if hasAfter {
-		if len(afterS) > MaxLen {
+		if len(afterS) > maxLen {
 			return Page{}, invalidCursor()
 		}
-		pos, err := p.codec.Decode(binding, afterS)
+		pos, err := p.codec.decode(binding, afterS)
 		if err != nil {
 			return Page{}, err
 		}
@@ -221,21 +201,21 @@ func (p *Pager) Parse(q url.Values, binding string) (Page, error) {
 	if hasPage {
 		n, ok := number(pageS)
 		if !ok || n < 1 {
-			return Page{}, invalidPage(ParamPage, "`page` must be a whole number from 1; the first page is 1.")
+			return Page{}, invalidPage(paramPage, "`page` must be a whole number from 1; the first page is 1.")
 		}
 		page = n
 	}
 	// page*size > Limit, without overflow.
 	if page > p.rules.Limit/size {
-		return Page{}, &Error{Kind: ErrPageTooDeep, Param: ParamPage, Limit: p.rules.Limit,
-			Detail: TooDeepDetail(p.rules.Limit)}
+		return Page{}, &pageError{kind: ErrPageTooDeep, param: paramPage, limit: p.rules.Limit,
+			detail: tooDeepDetail(p.rules.Limit)}
 	}
 	return Page{Number: page, Size: size}, nil
 }
 
-// TooDeepDetail is the detail of page-too-deep: it names the `next` cursor
+// tooDeepDetail is the detail of page-too-deep: it names the `next` cursor
 // and the `after` parameter.
-func TooDeepDetail(limit int) string {
+func tooDeepDetail(limit int) string {
 	return fmt.Sprintf("Page numbers reach the first %s rows. To read further, pass the `next` cursor of the last page as the `after` parameter (or narrow the query, e.g. a shorter time range).", thousands(limit))
 }
 
@@ -273,10 +253,10 @@ func number(s string) (int, bool) {
 // (no more rows can follow), else a cursor of last for binding. Page mode
 // returns one too, so a client reading past Limit switches to after.
 func (p *Pager) Next(binding string, page Page, rows int, last Position) string {
-	if !page.Full(rows) {
+	if !page.full(rows) {
 		return ""
 	}
-	return p.codec.Encode(binding, last)
+	return p.codec.encode(binding, last)
 }
 
 // CountLimit is the LIMIT of the capped count: Limit+1 rows, enough to tell
@@ -294,11 +274,10 @@ func (p *Pager) Total(count int64) (total int64, capped bool) {
 	return count, false
 }
 
-// Encode is Codec().Encode.
-func (p *Pager) Encode(binding string, pos Position) string { return p.codec.Encode(binding, pos) }
-
-// Decode is Codec().Decode.
-func (p *Pager) Decode(binding, s string) (Position, error) { return p.codec.Decode(binding, s) }
+// Encode returns the cursor of pos for the query named by binding, the
+// cursor Next returns for a full page whose last row is pos. pos.At is kept
+// to the microsecond, rounded down.
+func (p *Pager) Encode(binding string, pos Position) string { return p.codec.encode(binding, pos) }
 
 // Binding names the query a cursor belongs to: the endpoint and its
 // canonical filters, e.g. Binding("event-history", url.Values{"type":

@@ -122,7 +122,7 @@ func TestParse(t *testing.T) {
 			continue
 		}
 		var e *cursor.Error
-		if !errors.As(err, &e) || e.Param != tc.param {
+		if !errors.As(err, &e) || e.Param() != tc.param {
 			t.Errorf("Parse(%.60q): error %#v, want Param %q", tc.query, err, tc.param)
 		}
 	}
@@ -146,11 +146,11 @@ func TestRulesAreConfigurable(t *testing.T) {
 	}
 	_, err := parse("page=11&size=10")
 	var e *cursor.Error
-	if !errors.As(err, &e) || e.Kind != cursor.ErrPageTooDeep || e.Limit != 100 {
+	if !errors.As(err, &e) || e.Kind() != cursor.ErrPageTooDeep || e.Limit() != 100 {
 		t.Errorf("page past Limit: %#v", err)
 	}
-	if !strings.Contains(e.Detail, "first 100 rows") {
-		t.Errorf("detail does not name the limit: %q", e.Detail)
+	if !strings.Contains(e.Detail(), "first 100 rows") {
+		t.Errorf("detail does not name the limit: %q", e.Detail())
 	}
 	if got := p.CountLimit(); got != 101 {
 		t.Errorf("CountLimit = %d", got)

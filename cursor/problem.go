@@ -7,74 +7,45 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-// Problem type slugs of paging refusals (all HTTP 400).
-const (
-	SlugInvalidPage   = "invalid-page"
-	SlugPageTooDeep   = "page-too-deep"
-	SlugInvalidCursor = "invalid-cursor"
-)
-
-// WriteError answers a request Parse refused: 400 invalid-page,
-// page-too-deep or invalid-cursor, the same body on every endpoint. An
-// error that is not a *Error is a server error (500, no internal text);
-// log it yourself, WriteError logs nothing.
+// WriteError answers a request Parse refused with a 400
+// application/problem+json body, the same on every endpoint, whose type
+// ends with one of these slugs:
+//
+//   - page-too-deep (ErrPageTooDeep): the detail says how many rows page
+//     numbers reach and names the `next` cursor and the `after` parameter;
+//     members "limit" (the row count) and "parameter": "after".
+//   - invalid-cursor (ErrInvalidCursor): member "parameter": "after".
+//   - invalid-page (ErrInvalidPage): member "parameter" names the
+//     parameter at fault ("page", "size" or "after").
+//
+// An error Parse did not return is a server error: 500, with no internal
+// text. WriteError logs nothing; log such an error yourself.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *Error
+	var e *pageError
 	if !errors.As(err, &e) {
 		problem.Internal(w, r)
 		return
 	}
-	switch e.Kind {
-	case ErrPageTooDeep:
-		WritePageTooDeep(w, r, e.Limit)
-	case ErrInvalidCursor:
-		WriteInvalidCursor(w, r)
-	default:
-		WriteInvalidPage(w, r, e.Param, e.Detail)
-	}
-}
-
-// WriteInvalidPage writes 400 invalid-page for the parameter param ("page",
-// "size" or "after"; may be empty) with detail.
-func WriteInvalidPage(w http.ResponseWriter, r *http.Request, param, detail string) {
-	if detail == "" {
-		detail = "Page with `page` and `size`, or with `after` and `size`."
-	}
 	d := &problem.Details{
-		Slug:     SlugInvalidPage,
-		Title:    "Invalid page",
-		Status:   http.StatusBadRequest,
-		Detail:   detail,
-		Instance: r.URL.Path,
+		Status:     http.StatusBadRequest,
+		Detail:     e.detail,
+		Instance:   r.URL.Path,
+		Extensions: map[string]any{"parameter": e.param},
 	}
-	if param != "" {
-		d.Extensions = map[string]any{"parameter": param}
+	switch e.kind {
+	case ErrPageTooDeep:
+		d.Slug, d.Title = "page-too-deep", "Page too deep"
+		d.Extensions = map[string]any{"limit": e.limit, "parameter": paramAfter}
+	case ErrInvalidCursor:
+		d.Slug, d.Title = "invalid-cursor", "Invalid cursor"
+	default:
+		d.Slug, d.Title = "invalid-page", "Invalid page"
+		if e.detail == "" {
+			d.Detail = "Page with `page` and `size`, or with `after` and `size`."
+		}
+		if e.param == "" {
+			d.Extensions = nil
+		}
 	}
 	problem.Write(w, d)
-}
-
-// WritePageTooDeep writes 400 page-too-deep: page numbers reach the first
-// limit rows, and the detail names the `next` cursor and the `after`
-// parameter. The body carries "limit" and "parameter": "after".
-func WritePageTooDeep(w http.ResponseWriter, r *http.Request, limit int) {
-	problem.Write(w, &problem.Details{
-		Slug:       SlugPageTooDeep,
-		Title:      "Page too deep",
-		Status:     http.StatusBadRequest,
-		Detail:     TooDeepDetail(limit),
-		Instance:   r.URL.Path,
-		Extensions: map[string]any{"limit": limit, "parameter": ParamAfter},
-	})
-}
-
-// WriteInvalidCursor writes 400 invalid-cursor.
-func WriteInvalidCursor(w http.ResponseWriter, r *http.Request) {
-	problem.Write(w, &problem.Details{
-		Slug:       SlugInvalidCursor,
-		Title:      "Invalid cursor",
-		Status:     http.StatusBadRequest,
-		Detail:     InvalidCursorDetail,
-		Instance:   r.URL.Path,
-		Extensions: map[string]any{"parameter": ParamAfter},
-	})
 }

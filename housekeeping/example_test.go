@@ -14,13 +14,8 @@ import (
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 
-// Every replica runs housekeeping in the background, usually through
-// pglimit.Run (with the replica registry), or on its own:
-//
-//	h, err := housekeeping.New(pool, housekeeping.Options{})
-//	go func() { errc <- h.Run(ctx) }() // until ctx ends
-//
-// Here one sweep is run by hand, after a failed sign-in's window lapsed.
+// Every replica sweeps in the background while pglimit.Run runs. Here one
+// sweep is run by hand, after a failed sign-in's window lapsed.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -43,18 +38,14 @@ func Example() {
 	_ = p.Fail(ctx)
 	time.Sleep(50 * time.Millisecond) // the window lapses; the row stays until housekeeping
 
-	h, err := housekeeping.New(pool, housekeeping.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	res, err := h.RunOnce(ctx)
+	deleted, err := housekeeping.Sweep(ctx, pool)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("ran:", res.Ran)
-	for _, table := range housekeeping.Tables {
-		fmt.Println(table, res.Deleted[table])
+	fmt.Println("ran:", deleted != nil)
+	for _, table := range []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute"} {
+		fmt.Println(table, deleted[table])
 	}
 	// Output:
 	// ran: true

@@ -1,286 +1,57 @@
-// Package housekeeping deletes the lapsed rows of pglimit's limit tables
-// (ADR-0196 decision 5; ADR-0134): permits, in-flight slots, upload slots,
-// sign-in throttles and request-rate windows that nobody came back to,
-// replicas that stopped heartbeating, and refusals per minute older than
-// an hour. A lapsed row already counts for
-// nothing — every claim and read ignores it — so housekeeping only keeps
-// the tables and their indexes small.
+// Package housekeeping deletes the lapsed rows of pglimit's limit tables:
+// permits, in-flight and upload slots, sign-in throttles and request-rate
+// windows that nobody came back to, replicas that stopped heartbeating,
+// and refusals per minute older than an hour.
 //
-// Every replica runs Run in the background (pglimit.Run does). Every
-// Interval (default one minute) a replica sweeps the lapsed rows of every
-// table in batches of at most Batch rows (default 1000) with FOR UPDATE
-// SKIP LOCKED (the *DeleteLapsed queries). Each batch is a short
-// transaction of its own that first tries the housekeeping lock
-// (pg_try_advisory_xact_lock): a replica that finds it taken at its first
-// batch skips its turn instead of queueing behind it, and one that finds
-// it taken later leaves the rest of the sweep to the replica that has it.
-// So at most one replica deletes at any moment (with several replicas the
-// tables are swept up to once per replica per interval; a sweep that finds
-// nothing costs one small indexed statement per table). The lock ends with
-// its transaction: a replica that dies mid-sweep holds nothing, and the
-// sweep works through PgBouncer in transaction pooling mode.
-
+// What it guarantees: every replica sweeps in the background while
+// pglimit.Run runs (every minute by default, RunOptions.Housekeeping), and
+// at most one replica deletes at any moment. A lapsed row already counts
+// for nothing — every claim and read ignores it — so housekeeping changes
+// no decision: it only keeps the tables and their indexes small. Sweep
+// runs one sweep now, for a job runner or a test.
+//
+// What it costs: a sweep deletes at most 1,000 rows per statement, each
+// batch a short transaction of its own (FOR UPDATE SKIP LOCKED, so it never
+// waits on a row a request holds); a sweep that finds nothing costs one
+// small indexed statement per table. With several replicas the tables are
+// swept up to once per replica per interval.
+//
+// How it fails: a replica that finds another one sweeping skips its turn
+// instead of waiting; one that dies mid-sweep holds no lock (the lock is
+// transaction-scoped, so sweeping also works through PgBouncer in
+// transaction pooling mode). Each batch is bounded to 30 s. A failed sweep
+// is logged and the next interval tries again; a database that cannot be
+// reached stops nothing but the sweep.
+//
 // Deleted rows are logged through slog and counted in the OpenTelemetry
-// counter pglimit.housekeeping.deleted, tagged by table.
+// counter pglimit.housekeeping.deleted, with the attribute table.
 package housekeeping
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/housekeep"
 )
 
-// Defaults of Options.
-const (
-	DefaultInterval = time.Minute
-	DefaultBatch    = 1000
-)
-
-// LockKey is the second key of the transaction-scoped advisory lock
-// pg_try_advisory_xact_lock(1199, LockKey) each batch of a sweep takes, so
-// that one replica sweeps at a time (see sql/queries/housekeeping.sql).
-const LockKey = 1
-
-// MetricDeleted is the name of the counter of deleted rows, tagged with the
-// attribute "table".
-const MetricDeleted = "pglimit.housekeeping.deleted"
-
-// Tables are the limit tables swept, in the order they are swept (the
-// slot tables first, in one statement).
-var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute"}
-
-// Options configure a Housekeeper. The zero value is ready to use.
-type Options struct {
-	// Interval is the time between two sweeps of a replica. Default one
-	// minute.
-	Interval time.Duration
-	// Batch is the most rows one DELETE removes; a table with more lapsed
-	// rows is swept in several statements, each its own short transaction.
-	// Default 1000.
-	Batch int
-	// Timeout bounds each batch (its transaction), so a database that stops
-	// answering ends a sweep instead of hanging it. Default 30s.
-	Timeout time.Duration
-	// MeterProvider gives the meter of the counter
-	// pglimit.housekeeping.deleted. Default otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// Logger receives a line per sweep that deleted rows, and errors.
-	// Default slog.Default().
-	Logger *slog.Logger
-}
-
-// Result is what one sweep did.
-type Result struct {
-	// Ran is false when another replica held the lock and this one skipped
-	// its turn.
-	Ran bool
-	// Deleted is the number of rows deleted per table (every table, zero
-	// included, when Ran).
-	Deleted map[string]int64
-}
-
-// Total is the number of rows deleted over all tables.
-func (r Result) Total() int64 {
-	var n int64
-	for _, d := range r.Deleted {
-		n += d
-	}
-	return n
-}
-
-// Housekeeper sweeps the limit tables of one database. It is safe for
-// concurrent use; concurrent sweeps take turns through the lock.
-type Housekeeper struct {
-	pool     *pgxpool.Pool
-	q        *db.Queries
-	interval time.Duration
-	batch    int32
-	timeout  time.Duration
-	deleted  metric.Int64Counter
-	log      *slog.Logger
-}
-
-// New returns a Housekeeper over pool.
-func New(pool *pgxpool.Pool, opts Options) (*Housekeeper, error) {
-	if pool == nil {
-		return nil, errors.New("housekeeping: nil pool")
-	}
-	if opts.Interval < 0 || opts.Batch < 0 {
-		return nil, errors.New("housekeeping: negative Interval or Batch")
-	}
-	if opts.Interval == 0 {
-		opts.Interval = DefaultInterval
-	}
-	if opts.Batch == 0 {
-		opts.Batch = DefaultBatch
-	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("housekeeping: negative Timeout")
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 30 * time.Second
-	}
-	if opts.Batch > 1_000_000 {
-		return nil, errors.New("housekeeping: Batch above 1000000")
-	}
-	if opts.MeterProvider == nil {
-		opts.MeterProvider = otel.GetMeterProvider()
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	counter, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/housekeeping").Int64Counter(MetricDeleted,
-		metric.WithDescription("Lapsed rows of the limit tables deleted by housekeeping."),
-		metric.WithUnit("{row}"))
+// Sweep deletes the lapsed rows of every limit table of pool's database
+// once, unless another replica is sweeping, and returns the rows deleted
+// per table (every table, zero included): heavy_permit, request_in_flight,
+// upload_window, login_attempt, replica, api_request_window and
+// refusal_minute. It returns a nil map when another replica held the
+// housekeeping lock and this one left the sweep to it. On an error the rows
+// deleted so far are in the map. It logs through slog.Default and counts
+// through otel.GetMeterProvider.
+func Sweep(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
+	h, err := housekeep.New(pool, housekeep.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("housekeeping: counter: %w", err)
+		return nil, fmt.Errorf("housekeeping: %w", err)
 	}
-	return &Housekeeper{pool: pool, q: db.New(), interval: opts.Interval, batch: int32(opts.Batch),
-		timeout: opts.Timeout, deleted: counter, log: opts.Logger}, nil
-}
-
-// Run sweeps at once and then every interval, until ctx ends; it then
-// returns nil, after the sweep under way (its statements are canceled with
-// ctx). A failed sweep is logged and the next interval tries again.
-func (h *Housekeeper) Run(ctx context.Context) error {
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	for {
-		if _, err := h.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			h.log.WarnContext(ctx, "housekeeping: sweep failed; trying again next interval", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	res, err := h.RunOnce(ctx)
+	if !res.Ran && err == nil {
+		return nil, nil
 	}
-}
-
-// sweeper deletes at most batch lapsed rows of the tables it covers, in the
-// transaction it is given, and counts them by table.
-type sweeper func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error)
-
-// sweepers cover every limit table. The slot tables share one shape and
-// one statement (on their parent, pglimit.slot), which counts by kind: a
-// kind is its partition's name.
-var sweepers = []sweeper{
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		rows, err := q.SlotDeleteLapsed(ctx, tx, batch)
-		out := map[string]int64{}
-		for _, r := range rows {
-			out[r.Kind] = r.Deleted
-		}
-		return out, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.LoginAttemptDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"login_attempt": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.ReplicaDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"replica": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"api_request_window": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.RefusalMinuteDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"refusal_minute": n}, err
-	},
-}
-
-// errLockTaken ends a sweep another replica is running.
-var errLockTaken = errors.New("housekeeping: another replica sweeps")
-
-// RunOnce sweeps every table once if no other replica is sweeping: batch
-// after batch, each a transaction of its own that takes the housekeeping
-// lock and deletes at most Batch lapsed rows, until a batch comes back
-// short. Result.Ran is false when another replica held the lock at the
-// first batch; a replica that takes the lock between two batches of this
-// one ends this sweep early. On an error the rows deleted so far are in the
-// Result.
-func (h *Housekeeper) RunOnce(ctx context.Context) (Result, error) {
-	res := Result{Ran: true, Deleted: make(map[string]int64, len(Tables))}
-	for _, t := range Tables {
-		res.Deleted[t] = 0
-	}
-	first := true
-	var sweepErr error
-sweep:
-	for _, sw := range sweepers {
-		for {
-			got, err := h.batchOnce(ctx, sw)
-			if errors.Is(err, errLockTaken) {
-				if first {
-					return Result{}, nil
-				}
-				break sweep
-			}
-			first = false
-			var n int64
-			for table, d := range got {
-				res.Deleted[table] += d
-				n += d
-				if d > 0 {
-					h.deleted.Add(context.WithoutCancel(ctx), d, metric.WithAttributes(attribute.String("table", table)))
-				}
-			}
-			if err != nil {
-				sweepErr = fmt.Errorf("housekeeping: %w", err)
-				break sweep
-			}
-			if n < int64(h.batch) {
-				break
-			}
-		}
-	}
-	if total := res.Total(); total > 0 {
-		args := []any{"total", total}
-		for _, t := range Tables {
-			args = append(args, t, res.Deleted[t])
-		}
-		h.log.InfoContext(ctx, "housekeeping: deleted lapsed rows", args...)
-	} else {
-		h.log.DebugContext(ctx, "housekeeping: nothing lapsed")
-	}
-	return res, sweepErr
-}
-
-// batchOnce runs one batch of sw in a transaction holding the housekeeping
-// lock; errLockTaken when another replica holds it.
-func (h *Housekeeper) batchOnce(ctx context.Context, sw sweeper) (map[string]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.timeout)
-	defer cancel()
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	locked, err := h.q.HousekeepingTryLock(ctx, tx, LockKey)
-	if err != nil {
-		return nil, err
-	}
-	if !locked {
-		return nil, errLockTaken
-	}
-	got, err := sw(ctx, tx, h.q, h.batch)
-	if err != nil {
-		return got, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, err
-	}
-	return got, nil
+	return res.Deleted, err
 }

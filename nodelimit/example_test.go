@@ -19,7 +19,7 @@ import (
 
 // A replica takes its share of each node's rate from the replica registry
 // and waits for its turn before every call to the node. Run the registry
-// and the limiter in the background until shutdown.
+// (through pglimit.Run) and the limiter in the background until shutdown.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -35,16 +35,15 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	limiter, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: registry})
+	limiter, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: registry.ReadyReplicas})
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = registry.Heartbeat(ctx) // counted at once
-	_ = limiter.Refresh(ctx)    // the first share at once
+	_ = limiter.Refresh(ctx) // the first share at once (the registry counts this replica)
 	runCtx, shutdown := context.WithCancel(ctx)
 	defer shutdown()
-	go func() { _ = registry.Run(runCtx) }() // heartbeat every 5 s
-	go func() { _ = limiter.Run(runCtx) }()  // re-read the ready count every 5 s
+	go func() { _ = pglimit.Run(runCtx, pool, pglimit.RunOptions{Registry: registry}) }() // heartbeat every 5 s
+	go func() { _ = limiter.Run(runCtx) }()                                               // re-read the ready count every 5 s
 
 	broker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `[{"status":200,"value":[]}]`)
@@ -67,15 +66,9 @@ func Example() {
 		}
 		resp.Body.Close()
 	}
-	fmt.Printf("share: %v calls/s of %v, %d ready\n", node.Limit(), node.Rate(), limiter.ReadyReplicas())
+	fmt.Printf("this replica's share: %v calls/s\n", node.Limit())
 	// Output:
-	// share: 20 calls/s of 20, 1 ready
-}
-
-// Share is the rate divided by the ready replicas, rounded up, at least 1.
-func ExampleShare() {
-	fmt.Println(nodelimit.Share(20, 3), nodelimit.Share(6, 3), nodelimit.Share(2, 3))
-	// Output: 7 2 1
+	// this replica's share: 20 calls/s
 }
 
 // ReadAll keeps the order of the items across its batches.
@@ -84,7 +77,7 @@ func ExampleReadAll() {
 	for i := range names {
 		names[i] = fmt.Sprintf("q%d", i+1)
 	}
-	lengths, _ := nodelimit.ReadAll(context.Background(), names, nodelimit.BatchSize,
+	lengths, _ := nodelimit.ReadAll(context.Background(), names, 200,
 		func(_ context.Context, batch []string) ([]int, error) {
 			fmt.Println("one call with", len(batch), "reads, from", batch[0])
 			out := make([]int, len(batch))

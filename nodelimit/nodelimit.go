@@ -1,32 +1,33 @@
-// Package nodelimit limits the calls one replica makes to broker nodes, so
-// that all replicas together keep to a node's configured rate (ADR-0196
-// decision 6).
+// Package nodelimit keeps the calls that all replicas of a service make to
+// one broker node within that node's rate, without a database round trip
+// per call.
 //
-// The installation's rate for a node (by default 20 calls per second) is
-// divided by the number of ready replicas, rounded up and at least one: each
-// replica takes that share in a golang.org/x/time/rate token bucket whose
-// burst is one second of its share. Nothing is counted in the database per
-// call — a round trip per management call would cost more than it saves.
-// The ready count comes from the replica registry (package replica, through
-// the ReadyCounter interface), re-read every 5 s by default while Run runs
-// in the background, and every node's share is adjusted when it changes.
-// New starts nothing; until Run (or a Refresh) has read the count, each
-// replica takes itself for the only one.
+// What it guarantees: a node's rate (20 calls per second unless
+// Options.Rate or Options.NodeRates say otherwise) is divided by the number
+// of ready replicas, rounded up and at least one call per second, and each
+// replica spends its share in a token bucket (golang.org/x/time/rate) whose
+// burst is one second of that share. The ready count comes from
+// Options.Replicas (a replica.Registry's ReadyReplicas) and is re-read by
+// Run every 5 s by default; when it changes, every node's share follows.
+// Until the count has been read (by Run or by Refresh), a replica takes
+// itself for the only one. ReadAll sends a long list of reads in batches of
+// at most 200, one call per batch, and keeps the order of the results.
 //
-// Because the rate is shared in whole calls per second, a rate below the
-// number of ready replicas lets each replica call once a second and the
-// node sees more than its rate; that is the ADR's stated consequence.
+// What it costs: nothing in the database per call — a shared counter would
+// cost a round trip per management call, more than it saves — only one
+// small read of the replica registry per refresh. A call that waits for its
+// turn holds no connection.
 //
-// Every call let through is counted in the OpenTelemetry counter
-// studio.broker.calls with the attribute kind (search or read). A call
-// waits for its turn within its context; when the context ends first, Wait
-// fails at once with an error matching ErrNoTurn, never hangs. ReadAll sends
-// a long list of reads in batches of at most 200, one call each, keeping the
-// order of the results (the ADR's BrokerListOps.readAll).
+// How it fails: a call waits for its turn within its context; when the
+// context ends first, or its deadline would pass before the turn (known at
+// once), Wait returns an error matching ErrNoTurn and the context's error,
+// and never hangs. A ready count that cannot be read is logged once and the
+// share in use is kept. Because the rate is shared in whole calls per
+// second, a rate below the number of ready replicas lets each replica call
+// once a second, and the node then sees more than its rate.
 //
-// The reference service's Jolokia client, which makes its calls through a
-// Node, and a stand-in broker node for tests and demos live with the
-// service (cmd/studio, cmd/fakenode), not in the library.
+// Every call that got its turn is counted in the OpenTelemetry counter
+// pglimit.nodelimit.calls, with the attribute kind (search or read).
 package nodelimit
 
 import (
@@ -45,8 +46,8 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Kind is the kind of a broker call, the value of the metric's kind
-// attribute.
+// Kind is the kind of a call to a broker node, the value of the kind
+// attribute of pglimit.nodelimit.calls.
 type Kind string
 
 const (
@@ -56,48 +57,46 @@ const (
 	KindRead Kind = "read"
 )
 
-// MetricName is the counter every call is counted in.
-const MetricName = "studio.broker.calls"
+// metricName is the counter every call that got its turn is counted in.
+const metricName = "pglimit.nodelimit.calls"
 
-// MeterName is the instrumentation scope of the counter.
-const MeterName = "github.com/pglimit/pglimit/nodelimit"
+// meterName is the instrumentation scope of the counter.
+const meterName = "github.com/pglimit/pglimit/nodelimit"
 
-// DefaultRate is a node's rate, in calls per second for the whole
+// defaultRate is a node's rate, in calls per second for the whole
 // installation, when Options.Rate is zero.
-const DefaultRate rate.Limit = 20
+const defaultRate rate.Limit = 20
 
-// MaxRate is the largest finite rate accepted; use rate.Inf for no limit.
-const MaxRate rate.Limit = 1_000_000
+// maxRate is the largest finite rate accepted; rate.Inf means no limit.
+const maxRate rate.Limit = 1_000_000
 
-// DefaultRefresh is how often the ready count is re-read when
+// defaultRefresh is how often the ready count is re-read when
 // Options.Refresh is zero.
-const DefaultRefresh = 5 * time.Second
+const defaultRefresh = 5 * time.Second
 
-// BatchSize is the most reads ReadAll sends in one call.
-const BatchSize = 200
+// batchSize is the most reads ReadAll sends in one call when its size is
+// zero or less.
+const batchSize = 200
 
-// ReadyCounter reports the number of ready replicas of the installation,
-// at least 1. *replica.Registry implements it.
-type ReadyCounter interface {
-	ReadyReplicas(ctx context.Context) (int, error)
-}
-
-// Options configure a Limiter.
+// Options configure a Limiter. The zero value is ready to use: 20 calls per
+// second per node, this replica taken for the only one.
 type Options struct {
 	// Rate is every node's rate in calls per second for the whole
-	// installation: a whole number from 1 to MaxRate, or rate.Inf for no
-	// limit. Default DefaultRate (20).
+	// installation: a whole number from 1 to 1,000,000, or rate.Inf for no
+	// limit. Default 20.
 	Rate rate.Limit
 	// NodeRates overrides Rate for the nodes it names, with the same rules.
 	// Default none.
 	NodeRates map[string]rate.Limit
-	// Replicas gives the number of ready replicas the rate is divided by.
-	// Default nil: this replica is taken to be the only one.
-	Replicas ReadyCounter
-	// Refresh is how often Run reads Replicas; its first read is made at
+	// Replicas returns the number of ready replicas the rate is divided by
+	// (at least 1); pass a *replica.Registry's ReadyReplicas method. It is
+	// called by Run and Refresh only, never per call. Default nil: this
+	// replica is taken to be the only one.
+	Replicas func(ctx context.Context) (int, error)
+	// Refresh is how often Run calls Replicas; its first call is made at
 	// once. Default 5s.
 	Refresh time.Duration
-	// MeterProvider provides the studio.broker.calls counter. Default
+	// MeterProvider provides the counter pglimit.nodelimit.calls. Default
 	// otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 	// Logger receives failures to read the ready count. Default
@@ -110,7 +109,7 @@ type Options struct {
 type Limiter struct {
 	rate      rate.Limit
 	nodeRates map[string]rate.Limit
-	replicas  ReadyCounter
+	replicas  func(ctx context.Context) (int, error)
 	refresh   time.Duration
 	log       *slog.Logger
 	counter   metric.Int64Counter
@@ -127,34 +126,33 @@ type Limiter struct {
 	ran       atomic.Bool // Run was called
 }
 
-// ErrNoTurn is matched (errors.Is) by every *WaitError: the caller's
-// context ended before its turn to call the node came.
+// ErrNoTurn is matched (errors.Is) by the error of every call that did not
+// get its turn: the caller's context ended first, or its deadline would
+// have passed before the turn. The error also matches the context's error
+// (context.Canceled or context.DeadlineExceeded) and names the node, the
+// kind of call and the replica's share.
 var ErrNoTurn = errors.New("nodelimit: the request ended before its turn to call the broker node")
 
-// WaitError is a call that did not get its turn. It unwraps to the
+// waitError is a call that did not get its turn. It unwraps to the
 // context's error (context.DeadlineExceeded when the deadline would pass
 // before the turn, which Wait knows at once).
-type WaitError struct {
-	// Node is the node's name.
-	Node string
-	// Kind is the call's kind.
-	Kind Kind
-	// Limit is the replica's share of the node's rate when the call gave up.
-	Limit rate.Limit
-	// Err is the context's error.
-	Err error
+type waitError struct {
+	node  string
+	kind  Kind
+	limit rate.Limit // the replica's share of the node's rate when the call gave up
+	err   error      // the context's error
 }
 
-func (e *WaitError) Error() string {
+func (e *waitError) Error() string {
 	return fmt.Sprintf("nodelimit: %s call to node %q: no turn at %s calls/s before the request ended: %v",
-		e.Kind, e.Node, formatLimit(e.Limit), e.Err)
+		e.kind, e.node, formatLimit(e.limit), e.err)
 }
 
 // Is reports whether target is ErrNoTurn.
-func (e *WaitError) Is(target error) bool { return target == ErrNoTurn }
+func (e *waitError) Is(target error) bool { return target == ErrNoTurn }
 
 // Unwrap returns the context's error.
-func (e *WaitError) Unwrap() error { return e.Err }
+func (e *waitError) Unwrap() error { return e.err }
 
 func formatLimit(l rate.Limit) string {
 	if l == rate.Inf {
@@ -169,8 +167,8 @@ func checkRate(what string, r rate.Limit) error {
 		return nil
 	case math.IsNaN(float64(r)) || math.IsInf(float64(r), 0):
 		return fmt.Errorf("nodelimit: %s %v: not a number of calls per second (rate.Inf means no limit)", what, float64(r))
-	case r < 1 || r > MaxRate || r != rate.Limit(math.Trunc(float64(r))):
-		return fmt.Errorf("nodelimit: %s %v: must be a whole number of calls per second from 1 to %v, or rate.Inf", what, float64(r), float64(MaxRate))
+	case r < 1 || r > maxRate || r != rate.Limit(math.Trunc(float64(r))):
+		return fmt.Errorf("nodelimit: %s %v: must be a whole number of calls per second from 1 to %v, or rate.Inf", what, float64(r), float64(maxRate))
 	}
 	return nil
 }
@@ -179,7 +177,7 @@ func checkRate(what string, r rate.Limit) error {
 // ready count in the background.
 func New(opts Options) (*Limiter, error) {
 	if opts.Rate == 0 {
-		opts.Rate = DefaultRate
+		opts.Rate = defaultRate
 	}
 	if err := checkRate("rate", opts.Rate); err != nil {
 		return nil, err
@@ -198,7 +196,7 @@ func New(opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("nodelimit: negative refresh %v", opts.Refresh)
 	}
 	if opts.Refresh == 0 {
-		opts.Refresh = DefaultRefresh
+		opts.Refresh = defaultRefresh
 	}
 	if opts.MeterProvider == nil {
 		opts.MeterProvider = otel.GetMeterProvider()
@@ -206,11 +204,11 @@ func New(opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	counter, err := opts.MeterProvider.Meter(MeterName).Int64Counter(MetricName,
+	counter, err := opts.MeterProvider.Meter(meterName).Int64Counter(metricName,
 		metric.WithDescription("Calls made to broker nodes (one Jolokia HTTP POST is one call), by kind."),
 		metric.WithUnit("{call}"))
 	if err != nil {
-		return nil, fmt.Errorf("nodelimit: counter %s: %w", MetricName, err)
+		return nil, fmt.Errorf("nodelimit: counter %s: %w", metricName, err)
 	}
 	l := &Limiter{
 		rate: opts.Rate, nodeRates: nodeRates, replicas: opts.Replicas, refresh: opts.Refresh,
@@ -223,19 +221,19 @@ func New(opts Options) (*Limiter, error) {
 	return l, nil
 }
 
-// ErrRunTwice is returned by Run when it was called before on the same
+// errRunTwice is returned by Run when it was called before on the same
 // Limiter.
-var ErrRunTwice = errors.New("nodelimit: Run called twice")
+var errRunTwice = errors.New("nodelimit: Run called twice")
 
 // Run reads the ready count at once and then every Refresh, adjusting every
 // node's share, until ctx ends; it then returns nil, and the Limiter goes
 // on limiting with the last share it had. A failed read is logged (once
 // until a read succeeds again) and keeps the share in use. Without
 // Options.Replicas it waits for ctx. Run may be called once; a second call
-// returns ErrRunTwice at once.
+// returns an error at once.
 func (l *Limiter) Run(ctx context.Context) error {
 	if l.ran.Swap(true) {
-		return ErrRunTwice
+		return errRunTwice
 	}
 	if l.replicas == nil {
 		<-ctx.Done()
@@ -254,8 +252,10 @@ func (l *Limiter) Run(ctx context.Context) error {
 }
 
 // Refresh reads the ready count now and adjusts every node's share when it
-// changed. Run calls it every Refresh; a service may call it once its
-// replica is registered, before Run. On an error the share in use stays.
+// changed. Run calls it every Options.Refresh; a service calls it once
+// before it serves, so that its first calls already keep to its share (a
+// replica.Registry counts its own replica from New on). On an error the
+// share in use stays.
 // The read is bounded by ctx and by Refresh (at most 5s).
 func (l *Limiter) Refresh(ctx context.Context) error {
 	if l.replicas == nil {
@@ -265,7 +265,7 @@ func (l *Limiter) Refresh(ctx context.Context) error {
 	defer l.refreshMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, min(l.refresh, 5*time.Second))
 	defer cancel()
-	n, err := l.replicas.ReadyReplicas(ctx)
+	n, err := l.replicas(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err // Run is ending: not a failed read
@@ -291,16 +291,16 @@ func (l *Limiter) setReady(n int) {
 	}
 	l.ready.Store(int64(n))
 	for _, node := range l.nodes {
-		node.setShare(Share(node.total, n))
+		node.setShare(share(node.total, n))
 	}
 }
 
-// ReadyReplicas is the ready count the shares are computed with.
-func (l *Limiter) ReadyReplicas() int { return int(l.ready.Load()) }
+// readyReplicas is the ready count the shares are computed with.
+func (l *Limiter) readyReplicas() int { return int(l.ready.Load()) }
 
-// Share is one replica's part of a node's rate total when ready replicas
+// share is one replica's part of a node's rate total when ready replicas
 // are ready: total / ready rounded up, at least 1; rate.Inf stays rate.Inf.
-func Share(total rate.Limit, ready int) rate.Limit {
+func share(total rate.Limit, ready int) rate.Limit {
 	if total == rate.Inf {
 		return rate.Inf
 	}
@@ -332,8 +332,8 @@ func (l *Limiter) Node(name string) (*Node, error) {
 	if !ok {
 		total = l.rate
 	}
-	share := Share(total, int(l.ready.Load()))
-	n := &Node{name: name, total: total, l: l, rl: rate.NewLimiter(share, burst(share))}
+	s := share(total, int(l.ready.Load()))
+	n := &Node{name: name, total: total, l: l, rl: rate.NewLimiter(s, burst(s))}
 	l.nodes[name] = n
 	return n, nil
 }
@@ -352,25 +352,24 @@ func (n *Node) setShare(share rate.Limit) {
 	n.rl.SetBurst(burst(share))
 }
 
-// Name is the node's name.
-func (n *Node) Name() string { return n.name }
-
-// Rate is the node's rate for the whole installation.
-func (n *Node) Rate() rate.Limit { return n.total }
+// rate is the node's rate for the whole installation.
+func (n *Node) rate() rate.Limit { return n.total }
 
 // Limit is this replica's share of the node's rate now, in calls per
-// second.
+// second: the node's rate divided by the ready replicas, rounded up, at
+// least 1 (rate.Inf when the node has no limit). A replica may also make
+// that many calls at once after a quiet second.
 func (n *Node) Limit() rate.Limit { return n.rl.Limit() }
 
-// Burst is how many calls this replica may make at once after a quiet
+// burst is how many calls this replica may make at once after a quiet
 // second: one second of its share.
-func (n *Node) Burst() int { return n.rl.Burst() }
+func (n *Node) burst() int { return n.rl.Burst() }
 
 // Wait waits for this replica's turn to make one call of kind to the node,
-// then counts the call in studio.broker.calls. When ctx ends first — or its
-// deadline would pass before the turn, which Wait knows at once — it
-// returns a *WaitError matching ErrNoTurn and the call is not counted.
-// Wait makes no database round trip.
+// then counts the call in pglimit.nodelimit.calls. When ctx ends first — or
+// its deadline would pass before the turn, which Wait knows at once — it
+// returns an error matching ErrNoTurn and the context's error, and the call
+// is not counted. Wait makes no database round trip.
 func (n *Node) Wait(ctx context.Context, kind Kind) error {
 	var add []metric.AddOption
 	switch kind {
@@ -386,25 +385,25 @@ func (n *Node) Wait(ctx context.Context, kind Kind) error {
 		if cause == nil { // the deadline would pass before the turn
 			cause = context.DeadlineExceeded
 		}
-		return &WaitError{Node: n.name, Kind: kind, Limit: n.rl.Limit(), Err: cause}
+		return &waitError{node: n.name, kind: kind, limit: n.rl.Limit(), err: cause}
 	}
 	n.l.counter.Add(ctx, 1, add...)
 	return nil
 }
 
-// ErrBatchLength is returned by ReadAll when a batch's read returns a
+// errBatchLength is returned by ReadAll when a batch's read returns a
 // different number of results than it was given items.
-var ErrBatchLength = errors.New("nodelimit: a batch read returned the wrong number of results")
+var errBatchLength = errors.New("nodelimit: a batch read returned the wrong number of results")
 
-// ReadAll reads items in batches of at most size (BatchSize when size is
-// zero or less), calling read once per batch, in order, and returns the
-// results in the order of items. read makes one call (and so waits on the
-// node's limiter once); it must return one result per item of its batch.
-// ReadAll stops at the first error, returned wrapped with the batch it
-// came from, and before each batch when ctx has ended.
+// ReadAll reads items in batches of at most size (200 when size is zero or
+// less), calling read once per batch, in order, and returns the results in
+// the order of items. read makes one call (and so waits on the node's
+// limiter once); it must return one result per item of its batch, or
+// ReadAll fails. ReadAll stops at the first error, returned wrapped with
+// the batch it came from, and before each batch when ctx has ended.
 func ReadAll[T, R any](ctx context.Context, items []T, size int, read func(ctx context.Context, batch []T) ([]R, error)) ([]R, error) {
 	if size <= 0 {
-		size = BatchSize
+		size = batchSize
 	}
 	out := make([]R, 0, len(items))
 	batches := (len(items) + size - 1) / size
@@ -419,7 +418,7 @@ func ReadAll[T, R any](ctx context.Context, items []T, size int, read func(ctx c
 			return nil, fmt.Errorf("batch %d of %d: %w", i/size+1, batches, err)
 		}
 		if len(got) != len(batch) {
-			return nil, fmt.Errorf("%w: batch %d of %d: %d results for %d items", ErrBatchLength, i/size+1, batches, len(got), len(batch))
+			return nil, fmt.Errorf("%w: batch %d of %d: %d results for %d items", errBatchLength, i/size+1, batches, len(got), len(batch))
 		}
 		out = append(out, got...)
 	}

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// fixedReady is a ReadyCounter that answers n (or err) and counts its
+// fixedReady answers n (or an error) as Options.Replicas and counts its
 // reads.
 type fixedReady struct {
 	n     atomic.Int64
@@ -93,9 +93,6 @@ func stopRun(l *nodelimit.Limiter) {
 // called or the test ends; a first heartbeat is written before it returns.
 func runRegistry(t testing.TB, reg *replica.Registry) (stop func()) {
 	t.Helper()
-	if err := reg.Heartbeat(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reg.Run(ctx) }()
@@ -109,6 +106,11 @@ func runRegistry(t testing.TB, reg *replica.Registry) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
+	for deadline := time.Now().Add(10 * time.Second); !reg.Ready(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the registry's first heartbeat did not succeed within 10 s")
+		}
+	}
 	return stop
 }
 
@@ -157,7 +159,7 @@ func startReplicas(t *testing.T, url string, n int, total rate.Limit, nodeURL st
 			t.Fatal(err)
 		}
 		stop := runRegistry(t, reg)
-		lim := newLimiter(t, nodelimit.Options{Rate: total, Replicas: reg, Refresh: refresh})
+		lim := newLimiter(t, nodelimit.Options{Rate: total, Replicas: reg.ReadyReplicas, Refresh: refresh})
 		node := nodeOf(t, lim, "fake")
 		client, err := jolokia.New(nodeURL, node, jolokia.Options{Timeout: 5 * time.Second})
 		if err != nil {
@@ -186,8 +188,8 @@ func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 	// the shares mid-run.
 	reps := startReplicas(t, url, 3, 6, srv.URL, time.Second, 100*time.Millisecond)
 	for i, r := range reps {
-		if r.lim.ReadyReplicas() != 3 || r.node.Limit() != 2 || r.node.Burst() != 2 {
-			t.Fatalf("replica %d: ready %d, limit %v, burst %d; want 3, 2/s, 2", i, r.lim.ReadyReplicas(), r.node.Limit(), r.node.Burst())
+		if nodelimit.ReadyReplicas(r.lim) != 3 || r.node.Limit() != 2 || nodelimit.Burst(r.node) != 2 {
+			t.Fatalf("replica %d: ready %d, limit %v, burst %d; want 3, 2/s, 2", i, nodelimit.ReadyReplicas(r.lim), r.node.Limit(), nodelimit.Burst(r.node))
 		}
 	}
 
@@ -278,17 +280,16 @@ func TestShareFollowsReadyReplicas(t *testing.T) {
 		return reps[0].node.Limit() == 3 && reps[1].node.Limit() == 3
 	})
 	t.Logf("share raised %v after r2 stopped heartbeating", time.Since(start).Round(10*time.Millisecond))
-	list, err := reps[0].reg.List(context.Background())
-	if err != nil {
+	var r2Ready bool
+	if err := reps[0].pool.QueryRow(context.Background(),
+		`SELECT coalesce(bool_or(ready AND expires_at > now()), false) FROM pglimit.replica WHERE name = 'r2'`).Scan(&r2Ready); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range list {
-		if r.Name == "r2" && r.Ready {
-			t.Fatalf("the share rose while the registry still counts r2 ready: %+v", list)
-		}
+	if r2Ready {
+		t.Fatal("the share rose while the registry still counts r2 ready")
 	}
-	if reps[0].lim.ReadyReplicas() != 2 || reps[0].node.Burst() != 3 {
-		t.Fatalf("ready %d burst %d, want 2 and 3", reps[0].lim.ReadyReplicas(), reps[0].node.Burst())
+	if nodelimit.ReadyReplicas(reps[0].lim) != 2 || nodelimit.Burst(reps[0].node) != 3 {
+		t.Fatalf("ready %d burst %d, want 2 and 3", nodelimit.ReadyReplicas(reps[0].lim), nodelimit.Burst(reps[0].node))
 	}
 
 	reps[1].stop() // a clean shutdown: Run deletes its row
@@ -316,8 +317,8 @@ func TestRateBelowReplicas(t *testing.T) {
 	_, srv := newFakeNode(t, 1)
 	reps := startReplicas(t, url, 3, 2, srv.URL, time.Second, time.Second)
 	for i, r := range reps {
-		if r.node.Limit() != 1 || r.node.Burst() != 1 {
-			t.Fatalf("replica %d: limit %v burst %d, want 1/s and 1", i, r.node.Limit(), r.node.Burst())
+		if r.node.Limit() != 1 || nodelimit.Burst(r.node) != 1 {
+			t.Fatalf("replica %d: limit %v burst %d, want 1/s and 1", i, r.node.Limit(), nodelimit.Burst(r.node))
 		}
 	}
 	n := reps[0].node
@@ -375,8 +376,8 @@ func TestWaitEndsWithContext(t *testing.T) {
 	err := n.Wait(ctx, nodelimit.KindRead)
 	waited := time.Since(start)
 	var we *nodelimit.WaitError
-	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Node != "n" || we.Kind != nodelimit.KindRead {
-		t.Fatalf("canceled while waiting: %v, want a *WaitError matching ErrNoTurn and context.Canceled", err)
+	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Node() != "n" || we.Kind() != nodelimit.KindRead {
+		t.Fatalf("canceled while waiting: %v, want a wait error matching ErrNoTurn and context.Canceled", err)
 	}
 	if waited > 500*time.Millisecond {
 		t.Fatalf("canceled after 50 ms but Wait returned after %v (the turn was ~1 s away)", waited)
@@ -401,7 +402,7 @@ func TestWaitEndsWithContext(t *testing.T) {
 	}
 }
 
-// collect returns studio.broker.calls by kind.
+// collect returns pglimit.nodelimit.calls by kind.
 func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -449,7 +450,7 @@ func TestMetricCountsEachKind(t *testing.T) {
 		t.Fatalf("%d queues, want 450", len(qs))
 	}
 	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 3}; !cmp.Equal(got, want) {
-		t.Fatalf("studio.broker.calls = %v, want %v", got, want)
+		t.Fatalf("pglimit.nodelimit.calls = %v, want %v", got, want)
 	}
 	if err := nodeOf(t, l, "other").Wait(context.Background(), nodelimit.KindRead); err != nil {
 		t.Fatal(err)
@@ -464,7 +465,7 @@ func TestMetricCountsEachKind(t *testing.T) {
 func TestNoReadyCountPerCall(t *testing.T) {
 	t.Parallel()
 	ready := newFixed(1)
-	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour})
+	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour})
 	// The background goroutine reads once at start, then every hour.
 	waitFor(t, 2*time.Second, "the first background read", func() bool { return ready.reads.Load() == 1 })
 	before := ready.reads.Load()
@@ -484,11 +485,11 @@ func TestNoReadyCountPerCall(t *testing.T) {
 func TestRefresh(t *testing.T) {
 	t.Parallel()
 	ready := newFixed(4)
-	l := newLimiter(t, nodelimit.Options{Rate: 20, NodeRates: map[string]rate.Limit{"slow": 3}, Replicas: ready, Refresh: 20 * time.Millisecond})
+	l := newLimiter(t, nodelimit.Options{Rate: 20, NodeRates: map[string]rate.Limit{"slow": 3}, Replicas: ready.ReadyReplicas, Refresh: 20 * time.Millisecond})
 	fast, slow := nodeOf(t, l, "fast"), nodeOf(t, l, "slow")
 	waitFor(t, 2*time.Second, "first refresh", func() bool { return fast.Limit() == 5 })
-	if slow.Limit() != 1 || slow.Rate() != 3 || fast.Rate() != 20 {
-		t.Fatalf("slow node: limit %v rate %v; fast rate %v", slow.Limit(), slow.Rate(), fast.Rate())
+	if slow.Limit() != 1 || nodelimit.Rate(slow) != 3 || nodelimit.Rate(fast) != 20 {
+		t.Fatalf("slow node: limit %v rate %v; fast rate %v", slow.Limit(), nodelimit.Rate(slow), nodelimit.Rate(fast))
 	}
 	ready.n.Store(2)
 	waitFor(t, 2*time.Second, "share follows 2 ready", func() bool { return fast.Limit() == 10 && slow.Limit() == 2 })
@@ -496,8 +497,8 @@ func TestRefresh(t *testing.T) {
 	ready.n.Store(1)
 	reads := ready.reads.Load()
 	waitFor(t, 2*time.Second, "failed reads", func() bool { return ready.reads.Load() >= reads+3 })
-	if fast.Limit() != 10 || l.ReadyReplicas() != 2 {
-		t.Fatalf("after failed reads: limit %v ready %d; want the last good share (10, 2)", fast.Limit(), l.ReadyReplicas())
+	if fast.Limit() != 10 || nodelimit.ReadyReplicas(l) != 2 {
+		t.Fatalf("after failed reads: limit %v ready %d; want the last good share (10, 2)", fast.Limit(), nodelimit.ReadyReplicas(l))
 	}
 	if err := l.Refresh(context.Background()); err == nil {
 		t.Fatal("Refresh hid the counter's error")
@@ -555,8 +556,8 @@ func TestBadOptions(t *testing.T) {
 		t.Fatal("Node(\"\"): no error")
 	}
 	n := nodeOf(t, l, "n")
-	if n.Rate() != nodelimit.DefaultRate || n.Limit() != 20 || n.Burst() != 20 || l.ReadyReplicas() != 1 {
-		t.Fatalf("defaults: rate %v limit %v burst %d ready %d", n.Rate(), n.Limit(), n.Burst(), l.ReadyReplicas())
+	if nodelimit.Rate(n) != nodelimit.DefaultRate || n.Limit() != 20 || nodelimit.Burst(n) != 20 || nodelimit.ReadyReplicas(l) != 1 {
+		t.Fatalf("defaults: rate %v limit %v burst %d ready %d", nodelimit.Rate(n), n.Limit(), nodelimit.Burst(n), nodelimit.ReadyReplicas(l))
 	}
 	if err := n.Wait(context.Background(), "write"); err == nil || errors.Is(err, nodelimit.ErrNoTurn) {
 		t.Fatalf("unknown kind: %v", err)
@@ -641,9 +642,9 @@ func BenchmarkWait(b *testing.B) {
 	}
 	ctx := context.Background()
 	runRegistry(b, reg)
-	ready := &countingReady{inner: reg}
-	noop := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour})
-	sdk := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready, Refresh: time.Hour,
+	ready := &countingReady{inner: reg.ReadyReplicas}
+	noop := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour})
+	sdk := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))})
 	for ready.reads.Load() < 2 { // the first background read of each
 		time.Sleep(time.Millisecond)
@@ -679,13 +680,13 @@ func BenchmarkWait(b *testing.B) {
 }
 
 type countingReady struct {
-	inner nodelimit.ReadyCounter
+	inner func(context.Context) (int, error)
 	reads atomic.Int64
 }
 
 func (c *countingReady) ReadyReplicas(ctx context.Context) (int, error) {
 	c.reads.Add(1)
-	return c.inner.ReadyReplicas(ctx)
+	return c.inner(ctx)
 }
 
 // TestNewStartsNothing: New reads nothing; only Run (or Refresh) reads the
@@ -693,15 +694,15 @@ func (c *countingReady) ReadyReplicas(ctx context.Context) (int, error) {
 func TestNewStartsNothing(t *testing.T) {
 	t.Parallel()
 	ready := newFixed(4)
-	l, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: ready, Refresh: time.Millisecond, Logger: quiet})
+	l, err := nodelimit.New(nodelimit.Options{Rate: 20, Replicas: ready.ReadyReplicas, Refresh: time.Millisecond, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if n := ready.reads.Load(); n != 0 || l.ReadyReplicas() != 1 {
-		t.Fatalf("after New: %d reads, ready %d; want none and 1", n, l.ReadyReplicas())
+	if n := ready.reads.Load(); n != 0 || nodelimit.ReadyReplicas(l) != 1 {
+		t.Fatalf("after New: %d reads, ready %d; want none and 1", n, nodelimit.ReadyReplicas(l))
 	}
-	if err := l.Refresh(context.Background()); err != nil || l.ReadyReplicas() != 4 {
-		t.Fatalf("Refresh: %v, ready %d", err, l.ReadyReplicas())
+	if err := l.Refresh(context.Background()); err != nil || nodelimit.ReadyReplicas(l) != 4 {
+		t.Fatalf("Refresh: %v, ready %d", err, nodelimit.ReadyReplicas(l))
 	}
 }

@@ -1,13 +1,27 @@
 // Package problem writes RFC 9457 problem details (application/problem+json)
 // for every refusal pglimit makes, with Retry-After when a retry can
-// succeed.
+// succeed. A service writes its own refusals with it to answer in the same
+// shape.
 //
-// A Details names its problem type by a short, stable slug
-// ("too-many-heavy-requests"); the type URI is TypeBase followed by the
-// slug, so clients can match on the part after the last ':' or '/'.
-// Extension members are written at the top level of the JSON object, as the
-// RFC asks. Internal error text is never part of a body: a server error is
-// written with Internal, which sends a generic detail.
+// What it guarantees: a body's "type" is TypeBase followed by a short,
+// stable slug ("urn:pglimit:problem:too-many-heavy-requests"), so clients
+// can match on the part after the last ':' or '/'; "type", "title" and
+// "status" come first, then "detail" and "instance" when set, then the
+// extension members at the top level of the object, as the RFC asks, in
+// name order, never in the place of a standard member. The response says
+// Content-Type application/problem+json, Cache-Control no-store and
+// X-Content-Type-Options nosniff, and Retry-After in whole seconds,
+// rounded up, when the problem gives a wait. Internal error text is never
+// part of a body: a server error is written with Internal, which sends a
+// generic detail.
+//
+// What it costs: one JSON encoding of a small object per refusal; nothing
+// is kept between calls.
+//
+// How it fails: an extension member that cannot be encoded as JSON is a
+// programming error, and the client still gets the problem, without the
+// extension members. An error writing to the client (one that went away)
+// is ignored.
 //
 // The package only writes: it classifies no error and logs nothing. Each
 // middleware's WriteError decides which problem an error is (with
@@ -18,18 +32,19 @@ package problem
 import (
 	"bytes"
 	"encoding/json"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pglimit/pglimit/internal/retryafter"
 )
 
 // TypeBase prefixes every problem type slug to make the type URI.
 const TypeBase = "urn:pglimit:problem:"
 
-// MediaType is the content type of a problem details body.
-const MediaType = "application/problem+json"
+// mediaType is the content type of a problem details body.
+const mediaType = "application/problem+json"
 
 // Details is one problem details object.
 type Details struct {
@@ -45,10 +60,10 @@ type Details struct {
 	// Instance identifies this occurrence (optional), e.g. the request path.
 	Instance string
 	// RetryAfter, when positive, is sent as the Retry-After header in whole
-	// seconds, rounded up.
+	// seconds, rounded up, at least 1.
 	RetryAfter time.Duration
 	// Extensions are extra top-level members (endpoint, limit, scope, ...).
-	// They must not use the names type, title, status, detail or instance.
+	// Those named type, title, status, detail or instance are left out.
 	Extensions map[string]any
 	// Header holds extra response headers (RateLimit-Policy, RateLimit).
 	// They are added to the fields the response already has, not put in
@@ -58,10 +73,8 @@ type Details struct {
 	Header http.Header
 }
 
-// Type is the problem type URI.
-func (d *Details) Type() string { return TypeBase + d.Slug }
-
-// MarshalJSON writes the standard members first, then the extensions.
+// MarshalJSON writes the body Write sends: the standard members first,
+// then the extensions.
 func (d *Details) MarshalJSON() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteByte('{')
@@ -79,7 +92,7 @@ func (d *Details) MarshalJSON() ([]byte, error) {
 		b.Write(vb)
 		return nil
 	}
-	_ = write("type", d.Type())
+	_ = write("type", TypeBase+d.Slug)
 	_ = write("title", d.Title)
 	_ = write("status", d.Status)
 	if d.Detail != "" {
@@ -106,16 +119,8 @@ func (d *Details) MarshalJSON() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// RetryAfterSeconds rounds d up to whole seconds, at least 1.
-func RetryAfterSeconds(d time.Duration) int {
-	s := int(math.Ceil(d.Seconds()))
-	if s < 1 {
-		s = 1
-	}
-	return s
-}
-
-// Write sends d as the response.
+// Write sends d as the response: its status, its headers beside those the
+// response already has, and its body.
 func Write(w http.ResponseWriter, d *Details) {
 	body, err := json.Marshal(d)
 	if err != nil {
@@ -129,11 +134,11 @@ func Write(w http.ResponseWriter, d *Details) {
 	for k, vs := range d.Header {
 		h[k] = append(h[k], vs...)
 	}
-	h.Set("Content-Type", MediaType)
+	h.Set("Content-Type", mediaType)
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	if d.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(d.RetryAfter)))
+		h.Set("Retry-After", strconv.Itoa(retryafter.Seconds(d.RetryAfter)))
 	}
 	h.Del("Content-Length")
 	w.WriteHeader(d.Status)
@@ -141,9 +146,9 @@ func Write(w http.ResponseWriter, d *Details) {
 	_, _ = w.Write([]byte("\n"))
 }
 
-// Internal sends a 500 whose body says only that the server failed. It
-// never carries the error's text; log the error yourself, through your
-// logger, before calling it.
+// Internal sends a 500 internal-error whose body says only that the server
+// failed. It never carries the error's text; log the error yourself,
+// through your logger, before calling it.
 func Internal(w http.ResponseWriter, _ *http.Request) {
 	Write(w, &Details{
 		Slug:   "internal-error",
@@ -151,21 +156,4 @@ func Internal(w http.ResponseWriter, _ *http.Request) {
 		Status: http.StatusInternalServerError,
 		Detail: "The server could not complete the request. It has been logged.",
 	})
-}
-
-// Unavailable sends a 503 with the given slug and detail and a Retry-After
-// of 5 seconds: the database could not be reached, which passes.
-func Unavailable(w http.ResponseWriter, _ *http.Request, slug, detail string) {
-	Write(w, &Details{
-		Slug:       slug,
-		Title:      "Service unavailable",
-		Status:     http.StatusServiceUnavailable,
-		Detail:     detail,
-		RetryAfter: 5 * time.Second,
-	})
-}
-
-// BadRequest sends a 400 with the given slug, title and detail.
-func BadRequest(w http.ResponseWriter, slug, title, detail string) {
-	Write(w, &Details{Slug: slug, Title: title, Status: http.StatusBadRequest, Detail: detail})
 }

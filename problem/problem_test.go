@@ -73,29 +73,14 @@ func TestWriteKeepsOuterRateLimitFields(t *testing.T) {
 	}
 }
 
-// TestRetryAfterSeconds rounds up and never says 0.
-func TestRetryAfterSeconds(t *testing.T) {
-	t.Parallel()
-	for d, want := range map[time.Duration]int{0: 1, -time.Second: 1, time.Millisecond: 1, time.Second: 1, 1001 * time.Millisecond: 2, time.Minute: 60} {
-		if got := RetryAfterSeconds(d); got != want {
-			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
-// TestInternalAndUnavailable: the two server-side answers carry their
-// status and slug, Retry-After only where a retry can succeed.
-func TestInternalAndUnavailable(t *testing.T) {
+// TestInternal: a server error carries its status and slug, no
+// Retry-After (a retry cannot be promised to succeed), and no error text.
+func TestInternal(t *testing.T) {
 	t.Parallel()
 	req := httptest.NewRequest(http.MethodGet, "/x", nil)
 	rec := httptest.NewRecorder()
 	Internal(rec, req)
 	if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), TypeBase+"internal-error") || rec.Header().Get("Retry-After") != "" {
 		t.Errorf("Internal: %d %v %s", rec.Code, rec.Header(), rec.Body)
-	}
-	rec = httptest.NewRecorder()
-	Unavailable(rec, req, "database-unavailable", "The database cannot be reached.")
-	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), TypeBase+"database-unavailable") || rec.Header().Get("Retry-After") != "5" {
-		t.Errorf("Unavailable: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -12,9 +13,10 @@ import (
 	"github.com/pglimit/pglimit/replica"
 )
 
-// Each replica runs its registry in the background until it shuts down
-// (pglimit.Run does, with housekeeping); any of them can count the ready
-// ones. A service's /readyz reports Ready.
+// Each replica makes its registry and gives it to pglimit.Run, which
+// heartbeats it in the background until shutdown; any replica can count
+// the ready ones. A service's /readyz reports Ready, and it calls Drain
+// when it stops taking requests.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -35,23 +37,31 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	n, _ := first.ReadyReplicas(ctx)
+	fmt.Println("before any heartbeat, each counts itself:", n)
+
 	runCtx, shutdown := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	for _, r := range []*replica.Registry{first, second} {
-		if err := r.Heartbeat(ctx); err != nil { // counted at once; Run keeps it so
-			log.Print(err)
-		}
-		go func() { done <- r.Run(runCtx) }() // heartbeat every 5 s until shutdown
+		go func() { done <- pglimit.Run(runCtx, pool, pglimit.RunOptions{Registry: r}) }()
 	}
-	n, _ := first.ReadyReplicas(ctx)
+	for !first.Ready() || !second.Ready() { // the first heartbeats
+		time.Sleep(10 * time.Millisecond)
+	}
+	n, _ = first.ReadyReplicas(ctx)
 	fmt.Println("ready replicas:", n)
+
+	if err := second.Drain(ctx); err != nil { // second stops taking requests
+		log.Print(err)
+	}
+	n, _ = first.ReadyReplicas(ctx)
+	fmt.Println("one draining:", n)
 
 	shutdown() // each Run marks its row not ready, deletes it and returns nil
 	fmt.Println(<-done, <-done)
-	n, _ = first.ReadyReplicas(ctx)
-	fmt.Println("none left, still counts itself:", n)
 	// Output:
+	// before any heartbeat, each counts itself: 1
 	// ready replicas: 2
+	// one draining: 1
 	// <nil> <nil>
-	// none left, still counts itself: 1
 }

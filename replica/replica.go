@@ -1,21 +1,29 @@
-// Package replica is the registry of a service's running replicas, kept in
-// the UNLOGGED replica table of the database they share.
+// Package replica is the registry of a service's running replicas: each
+// replica keeps a row in the UNLOGGED table pglimit.replica of the database
+// they share, and any replica can count the ready ones.
 //
-// Each replica runs its Registry's Run in the background (pglimit.Run does):
-// it registers a row at once, refreshes it on every heartbeat (by default
-// every 5 s) and, when Run's context ends, marks the row not ready and
-// deletes it. A row lapses three intervals after its last heartbeat, on the
-// database clock: a replica that died without cleaning up stops counting by
-// itself. New starts nothing; Heartbeat, Drain, ReadyReplicas and List are
-// one-shot calls. ReadyReplicas returns how many replicas are ready
-// now, never fewer than one (the caller itself); the node call limiter
-// (package nodelimit) divides a broker node's rate by it (ADR-0196
-// decision 6).
+// What it guarantees: while a Registry's Run runs (pglimit.Run runs it), its
+// row is written at once and refreshed every heartbeat (5 s by default). A
+// row counts as ready for three heartbeat intervals after its last
+// heartbeat, on the database clock, so a replica that died without cleaning
+// up stops counting by itself. Drain marks the replica not ready at once,
+// for the others too; when Run's context ends the row is marked not ready
+// and deleted. ReadyReplicas counts the ready rows, and counts this
+// replica from New on, before its first heartbeat is written, until it
+// drains: never fewer than one. Ready says whether this replica's own
+// heartbeat is current, for a /readyz endpoint. The node call limiter
+// (package nodelimit) divides a broker node's rate by ReadyReplicas.
 //
-// A crash of the database empties the UNLOGGED table. The next heartbeat
-// re-creates the row (the heartbeat is an upsert), keeping the replica's
-// start time. A failed heartbeat never stops the registry: it logs, reports
-// not ready through Ready, and tries again on the next tick.
+// What it costs: one small upsert per replica and heartbeat, and one
+// indexed count per ReadyReplicas call. New starts nothing and touches no
+// database.
+//
+// How it fails: a heartbeat that fails never stops Run: it is logged once
+// (and once again when heartbeats recover), Ready reports false, and the
+// next tick tries again. A crash of the database empties the UNLOGGED
+// table; the next heartbeat writes the row again, keeping the replica's
+// start time. ReadyReplicas returns 1 and the error when the count cannot
+// be read.
 //
 // The SQL is in sql/queries/replica.sql.
 package replica
@@ -36,19 +44,20 @@ import (
 	"github.com/pglimit/pglimit/internal/procname"
 )
 
-// DefaultInterval is the heartbeat interval when Options.Interval is zero.
-const DefaultInterval = 5 * time.Second
+// defaultInterval is the heartbeat interval when Options.Interval is zero.
+const defaultInterval = 5 * time.Second
 
-// Lapse is how many intervals after its last heartbeat a row stops counting
+// lapse is how many intervals after its last heartbeat a row stops counting
 // as ready.
-const Lapse = 3
+const lapse = 3
 
-// Options configure a Registry.
+// Options configure a Registry. The zero value is ready to use.
 type Options struct {
-	// Name identifies this replica's row; two replicas must not share it.
-	// Default host:pid (host:pid).
+	// Name identifies this replica's row; two replicas must not share it,
+	// and it is at most 200 bytes, not blank at either end. Default the
+	// host name and the process id, host:pid.
 	Name string
-	// Interval is the time between heartbeats. A row lapses Lapse (3)
+	// Interval is the time between heartbeats. A row lapses three
 	// intervals after its last heartbeat. Default 5s; at least 10ms.
 	Interval time.Duration
 	// Timeout bounds one heartbeat, and each statement of Run's clean-up
@@ -61,9 +70,9 @@ type Options struct {
 	Now func() time.Time
 }
 
-// ErrStarted is returned by Run when it was called before on the same
+// errStarted is returned by Run when it was called before on the same
 // Registry.
-var ErrStarted = errors.New("replica: Run called twice")
+var errStarted = errors.New("replica: Run called twice")
 
 // Registry registers this replica and counts the ready ones. It is safe for
 // concurrent use.
@@ -100,7 +109,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
 		return nil, fmt.Errorf("replica: name %q: blank at either end or longer than 200 bytes", opts.Name)
 	}
 	if opts.Interval == 0 {
-		opts.Interval = DefaultInterval
+		opts.Interval = defaultInterval
 	}
 	if opts.Interval < 10*time.Millisecond {
 		return nil, fmt.Errorf("replica: interval %v: must be at least 10ms", opts.Interval)
@@ -121,28 +130,19 @@ func New(pool *pgxpool.Pool, opts Options) (*Registry, error) {
 		log: opts.Logger, now: opts.Now}, nil
 }
 
-// DefaultName is the name a replica gets when Options.Name is empty: the
-// host name and the process id, host:pid.
-func DefaultName() string { return procname.Default() }
-
-// Name is this replica's name in the registry.
-func (r *Registry) Name() string { return r.name }
-
-// Interval is the heartbeat interval.
-func (r *Registry) Interval() time.Duration { return r.interval }
-
 // Run registers this replica with a heartbeat at once and then every
-// Interval, until ctx ends; it then marks the row not ready and deletes it,
-// with a context of its own bounded by Timeout (a row it could not delete
-// is logged and lapses three intervals after its last heartbeat), and
-// returns nil. A failed heartbeat never stops it: it is logged, Ready
-// reports false, and the next tick tries again. Run may be called once; a
-// second call returns ErrStarted at once.
+// Options.Interval, until ctx ends; it then marks the row not ready and
+// deletes it, with a context of its own bounded by Options.Timeout (a row
+// it could not delete is logged and lapses three intervals after its last
+// heartbeat), and returns nil. A failed heartbeat never stops it: it is
+// logged, Ready reports false, and the next tick tries again. pglimit.Run
+// calls it; Run may be called once, and a second call returns an error at
+// once.
 func (r *Registry) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {
 		r.mu.Unlock()
-		return ErrStarted
+		return errStarted
 	}
 	r.started = true
 	r.mu.Unlock()
@@ -150,7 +150,7 @@ func (r *Registry) Run(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
-		_ = r.Heartbeat(ctx) // recorded and logged; the next tick tries again
+		_ = r.heartbeat(ctx) // recorded and logged; the next tick tries again
 		select {
 		case <-ctx.Done():
 			r.stop(context.WithoutCancel(ctx))
@@ -166,7 +166,7 @@ func (r *Registry) stop(ctx context.Context) {
 	r.mu.Lock()
 	r.draining = true
 	r.mu.Unlock()
-	errDrain := r.Heartbeat(ctx)
+	errDrain := r.heartbeat(ctx)
 
 	r.heartbeatMu.Lock() // a heartbeat in flight ends before the row goes
 	defer r.heartbeatMu.Unlock()
@@ -185,13 +185,11 @@ func (r *Registry) stop(ctx context.Context) {
 	}
 }
 
-// Heartbeat refreshes this replica's row now (re-creating it when the table
+// heartbeat refreshes this replica's row now (re-creating it when the table
 // was emptied) and records the outcome for Ready. Run calls it every
-// interval; a service may call it once before Run starts, to be counted at
-// once (e.g. before the node limiter reads the ready count). A failure is
-// logged once when heartbeats start failing and once when they recover.
-// After Run has ended it does nothing.
-func (r *Registry) Heartbeat(ctx context.Context) error {
+// interval. A failure is logged once when heartbeats start failing and once
+// when they recover. After Run has ended it does nothing.
+func (r *Registry) heartbeat(ctx context.Context) error {
 	r.heartbeatMu.Lock()
 	defer r.heartbeatMu.Unlock()
 	r.mu.Lock()
@@ -231,7 +229,7 @@ func (r *Registry) Heartbeat(ctx context.Context) error {
 }
 
 // ttl is how long a heartbeat keeps the row ready.
-func (r *Registry) ttl() time.Duration { return Lapse * r.interval }
+func (r *Registry) ttl() time.Duration { return lapse * r.interval }
 
 // Ready reports whether this replica is registered and ready: Run is
 // running, not draining, its last heartbeat succeeded, and that was less
@@ -243,9 +241,9 @@ func (r *Registry) Ready() bool {
 		!r.lastOK.IsZero() && r.now().Sub(r.lastOK) < r.ttl()
 }
 
-// LastError is the error of the last heartbeat, nil when it succeeded (or
-// none ran yet). It says why Ready is false, for a log.
-func (r *Registry) LastError() error {
+// lastError is the error of the last heartbeat, nil when it succeeded (or
+// none ran yet).
+func (r *Registry) lastError() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lastErr
@@ -264,46 +262,49 @@ func (r *Registry) Drain(ctx context.Context) error {
 	if !running {
 		return nil
 	}
-	return r.Heartbeat(ctx)
+	return r.heartbeat(ctx)
 }
 
 // ReadyReplicas returns the number of ready replicas: rows marked ready
-// whose last heartbeat is less than three of their intervals old. It is
-// never less than 1, the caller itself, even before this replica's row is
-// written or after a crash of the database emptied the table. On an error it
-// returns 1 and the error.
+// whose last heartbeat is less than three of their intervals old, and this
+// replica itself from New on while its row is not written yet (so that it
+// counts at once, before Run's first heartbeat) and until it drains. It is
+// never less than 1, the caller itself, even after a crash of the database
+// emptied the table. On an error it returns 1 and the error.
 func (r *Registry) ReadyReplicas(ctx context.Context) (int, error) {
+	// Read whether the row is written before counting: a first heartbeat
+	// landing in between is then counted twice, never missed.
+	r.mu.Lock()
+	unwritten := !r.startedAt.Valid && !r.draining && !r.stopped
+	r.mu.Unlock()
 	n, err := r.q.ReplicaCountReady(ctx, r.pool)
 	if err != nil {
 		return 1, fmt.Errorf("replica: count ready: %w", err)
 	}
+	if unwritten {
+		n++
+	}
 	return max(1, int(n)), nil
 }
 
-// Replica is one row of the registry.
-type Replica struct {
-	// Name identifies the replica.
-	Name string
-	// StartedAt is when it registered first.
-	StartedAt time.Time
-	// HeartbeatAt is its last heartbeat.
-	HeartbeatAt time.Time
-	// Ready is whether it counts as ready now.
-	Ready bool
-	// ExpiresAt is when the row lapses without another heartbeat.
-	ExpiresAt time.Time
+// row is one row of the registry.
+type row struct {
+	Name        string
+	StartedAt   time.Time // when it registered first
+	HeartbeatAt time.Time // its last heartbeat
+	Ready       bool      // whether it counts as ready now
+	ExpiresAt   time.Time // when the row lapses without another heartbeat
 }
 
-// List returns every registered replica, ready or not, by name: the
-// operator view.
-func (r *Registry) List(ctx context.Context) ([]Replica, error) {
+// list returns every registered replica, ready or not, by name.
+func (r *Registry) list(ctx context.Context) ([]row, error) {
 	rows, err := r.q.ReplicaList(ctx, r.pool)
 	if err != nil {
 		return nil, fmt.Errorf("replica: list: %w", err)
 	}
-	out := make([]Replica, len(rows))
-	for i, row := range rows {
-		out[i] = Replica{Name: row.Name, StartedAt: row.StartedAt, HeartbeatAt: row.HeartbeatAt, Ready: row.Ready, ExpiresAt: row.ExpiresAt}
+	out := make([]row, len(rows))
+	for i, x := range rows {
+		out[i] = row{Name: x.Name, StartedAt: x.StartedAt, HeartbeatAt: x.HeartbeatAt, Ready: x.Ready, ExpiresAt: x.ExpiresAt}
 	}
 	return out, nil
 }

@@ -240,6 +240,37 @@ func TestCountNeverBelowOne(t *testing.T) {
 	}
 }
 
+// TestCountsItselfBeforeItsRow: a replica counts itself from New on,
+// before its first heartbeat writes its row (the others do not count it
+// yet), and no more once it drains.
+func TestCountsItselfBeforeItsRow(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	a := newRegistry(t, pgtest.Pool(t, url, 2), "a", time.Second)
+	b := newRegistry(t, pgtest.Pool(t, url, 2), "b", time.Second)
+	started(t, b)
+	if n := readyCount(t, a); n != 2 {
+		t.Fatalf("a before its first heartbeat, b running: a counts %d ready, want 2", n)
+	}
+	if n := readyCount(t, b); n != 1 {
+		t.Fatalf("b counts %d ready before a's row is written, want 1", n)
+	}
+	if err := a.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := readyCount(t, a); n != 1 {
+		t.Fatalf("a after Drain counts %d ready, want 1 (b)", n)
+	}
+	c := newRegistry(t, pgtest.Pool(t, url, 2), "c", time.Second)
+	started(t, c)
+	if n := readyCount(t, b); n != 2 {
+		t.Fatalf("b counts %d ready with c running, want 2", n)
+	}
+	if n := readyCount(t, c); n != 2 {
+		t.Fatalf("c counts %d ready once its row is written, want 2 (itself once)", n)
+	}
+}
+
 // TestRowRecreatedAfterTruncate: a crash of the database empties the
 // UNLOGGED table (TRUNCATE stands in for it); the next heartbeat writes the
 // row again, with the replica's original start.

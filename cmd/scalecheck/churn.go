@@ -211,19 +211,15 @@ func (e *env) churn(ctx context.Context) (*Churn, error) {
 	sleep(ctx, e.cfg.Window+time.Second)
 	stopRun()
 	runs.Wait()
-	keeper, err := housekeeping.New(e.observer, housekeeping.Options{Logger: e.quiet})
-	if err != nil {
-		return out, err
-	}
 	// A stopped replica's last sweep may still hold the lock on the server
 	// for a moment (its canceled statement's backend has not ended its
 	// transaction yet): the sweep is tried again until it runs.
 	for attempt := 1; ; attempt++ {
-		res, err := keeper.RunOnce(ctx)
+		deleted, err := housekeeping.Sweep(ctx, e.observer)
 		if err != nil {
 			return out, fmt.Errorf("housekeeping: %w", err)
 		}
-		if res.Ran {
+		if deleted != nil {
 			break
 		}
 		if attempt == 40 {

@@ -94,7 +94,10 @@ func TestBadInput(t *testing.T) {
 	// Forged: a well-formed cursor signed with a key that is not the
 	// installation's, and the installation's cursor with its position
 	// edited in place (the tag no longer matches).
-	foreign, _ := cursor.NewCodec(cursor.GenerateKey())
+	foreign, err := cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	forged := foreign.Encode(cursor.Binding("audit-history", nil), cursor.Position{At: time.Now(), ID: 1})
 	raw, err := base64.RawURLEncoding.DecodeString(audit)
 	if err != nil {

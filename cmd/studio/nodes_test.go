@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -58,6 +59,15 @@ func TestNodeQueuesAndSharedRate(t *testing.T) {
 	}
 	if st := node.Stats(); st.Calls != 4 || st.MaxRequestsPerCall > 200 {
 		t.Fatalf("450 queues took %d calls (want 1 search + 3 reads), largest %d reads", st.Calls, st.MaxRequestsPerCall)
+	}
+	// The service counts its broker calls in studio.broker.calls by kind
+	// (REFERENCE-SERVICE.md), and pglimit's node limiter counts the turns it
+	// gave under its own name.
+	metrics := scrape(t, procs[0].URL)
+	for _, name := range []string{"studio_broker_calls_total", "pglimit_nodelimit_calls_total"} {
+		if got, want := sums(t, metrics, name, "kind"), map[string]int64{"search": 1, "read": 3}; !maps.Equal(got, want) {
+			t.Errorf("%s by kind on the replica that listed the queues: %v, want %v", name, got, want)
+		}
 	}
 
 	call(t, http.MethodGet, procs[1].URL+"/api/nodes/nope/queues", "alice-token", nil).problemOf(t, http.StatusNotFound, "unknown-node")

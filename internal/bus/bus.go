@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -56,9 +57,9 @@ var (
 	PingEvery = time.Second
 	// PingWait is how long a ping may take to come back before the bus
 	// stops being Live and connects again.
-	PingWait = time.Second
+	PingWait = 5 * time.Second
 	// retryMax bounds the wait between two connection attempts.
-	retryMax = 5 * time.Second
+	retryMax = 30 * time.Second
 )
 
 // Bus is the invalidation bus of one pool. It is safe for concurrent use.
@@ -193,21 +194,32 @@ func Run(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		log = slog.Default()
 	}
 	wait := 100 * time.Millisecond
-	failing := false
+	failing, started := false, false
 	for ctx.Err() == nil {
 		err := b.listen(ctx, pool)
 		b.setLive(false)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if b.fresh.Swap(false) {
+		wasLive := b.fresh.Swap(false)
+		if wasLive && !errors.Is(err, errPooled) {
 			wait, failing = 100*time.Millisecond, false
 		}
-		if !failing {
+		switch {
+		case failing:
+		case (wasLive || started) && !errors.Is(err, errPooled):
+			// A bus that worked and broke: a failure worth a warning.
 			log.WarnContext(ctx, "pglimit: the invalidation bus (LISTEN pglimit) is down; refusals are decided in the database until it is back",
 				"err", err)
-			failing = true
+		default:
+			// It never worked here: most likely a proxy that does not
+			// pass notifications (PgBouncer in transaction pooling). Not
+			// a failure: every decision is a statement, as without it.
+			log.InfoContext(ctx, "pglimit: refusals are decided in the database: the invalidation bus (LISTEN pglimit) does not answer on this connection; trying again now and then",
+				"err", err)
 		}
+		failing = true
+		started = started || wasLive
 		select {
 		case <-ctx.Done():
 			return nil
@@ -235,6 +247,22 @@ func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
 		return err
 	}
+	var (
+		session int32
+		port    *int32
+	)
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), inet_client_port()").Scan(&session, &port); err != nil {
+		return err
+	}
+	if proxied(conn, port) {
+		// Something stands between (the server sees another client
+		// port): a pooler that hands this session to other clients
+		// between transactions would hand a new connection the session
+		// this one just used.
+		if err := probe(ctx, cfg, session); err != nil {
+			return err
+		}
+	}
 	// SQL in Go: LISTEN and pg_notify on the bus's own connection are not
 	// queries of a table, and sqlc's generated methods run on a DBTX, which
 	// a bare *pgx.Conn is; but LISTEN takes no parameters and sqlc cannot
@@ -242,8 +270,16 @@ func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 	// them.
 	for ctx.Err() == nil {
 		nonce := newNonce()
-		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", Channel, topicPing+"\n"+nonce); err != nil {
+		var pid int32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_notify($1, $2)) AS n",
+			Channel, topicPing+"\n"+nonce).Scan(&pid); err != nil {
 			return err
+		}
+		if pid != session {
+			// The connection's statements run in different server
+			// sessions: a transaction pooler between (PgBouncer in
+			// transaction pooling), which does not keep a LISTEN.
+			return errPooled
 		}
 		deadline := time.Now().Add(PingWait)
 		heard := false
@@ -290,6 +326,42 @@ func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return nil
 }
+
+// proxied reports whether the server saw a client port other than the
+// connection's own: a proxy or pooler between (a Unix socket has none).
+func proxied(conn *pgx.Conn, serverSaw *int32) bool {
+	local, ok := conn.PgConn().Conn().LocalAddr().(*net.TCPAddr)
+	if !ok || serverSaw == nil {
+		return false
+	}
+	return int32(local.Port) != *serverSaw
+}
+
+// probe connects again through the same proxy and fails with errPooled if
+// it is given the listening session.
+func probe(ctx context.Context, cfg *pgx.ConnConfig, session int32) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	other, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer other.Close(context.Background())
+	for range 3 {
+		var pid int32
+		if err := other.QueryRow(cctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if pid == session {
+			return errPooled
+		}
+	}
+	return nil
+}
+
+// errPooled is a connection whose statements do not all run in the
+// session that listens.
+var errPooled = errors.New("bus: the connection's statements run in different server sessions (a transaction pooler), which do not keep a LISTEN")
 
 func newNonce() string {
 	var buf [8]byte

@@ -157,6 +157,12 @@ func prepare(opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// BinDir returns the directory of the server binaries (initdb, postgres,
+// pg_ctl, pg_config when installed) that Start runs: the same lookup, so a
+// caller can inspect that installation (its extensions, say) before
+// starting a cluster. It returns ErrNoBinaries when there are none.
+func BinDir() (string, error) { return findBinDir() }
+
 // findBinDir returns the directory of initdb: on PATH, else the newest
 // /usr/lib/postgresql/<version>/bin (Debian does not put it on PATH).
 func findBinDir() (string, error) {

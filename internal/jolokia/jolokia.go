@@ -3,10 +3,11 @@
 // requests to {URL}/jolokia/.
 //
 // Every POST is one call for the node limiter: before it is sent the client
-// waits for its turn on a Gate (a *nodelimit.Node), which also counts it in
-// studio.broker.calls by kind. Queues lists a node's queues with their
-// MessageCount and ConsumerCount: one search call, then the reads in
-// batches of at most 200 per call (nodelimit.ReadAll).
+// waits for its turn on a Gate (a *nodelimit.Node), then counts it in the
+// reference service's counter studio.broker.calls, tagged kind (search or
+// read). Queues lists a node's queues with their MessageCount and
+// ConsumerCount: one search call, then the reads in batches of at most 200
+// per call (nodelimit.ReadAll).
 //
 // A node that does not answer in time, cannot be reached, or answers
 // something that is not the expected Jolokia answer gives an *Error
@@ -29,8 +30,19 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/pglimit/pglimit/nodelimit"
 )
+
+// MetricCalls is the counter of calls made to broker nodes, tagged kind
+// (search, read): one POST is one call.
+const MetricCalls = "studio.broker.calls"
+
+// ReadsPerCall is the most reads one POST carries.
+const ReadsPerCall = 200
 
 // QueuePattern is the search pattern of every queue MBean of a node.
 const QueuePattern = "org.apache.activemq.artemis:broker=*,component=addresses,address=*,subcomponent=queues,routing-type=*,queue=*"
@@ -68,6 +80,9 @@ type Options struct {
 	// User and Password, when User is set, are sent as HTTP basic
 	// authentication. Default none.
 	User, Password string
+	// MeterProvider provides the counter studio.broker.calls. Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 }
 
 // Client calls one broker node's Jolokia agent. It is safe for concurrent
@@ -79,6 +94,7 @@ type Client struct {
 	timeout   time.Duration
 	maxAnswer int64
 	user, pw  string
+	calls     metric.Int64Counter
 }
 
 // New returns a client of the node whose Jolokia base URL is baseURL (e.g.
@@ -104,8 +120,17 @@ func New(baseURL string, gate Gate, opts Options) (*Client, error) {
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = otel.GetMeterProvider()
+	}
+	calls, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/cmd/studio/jolokia").Int64Counter(MetricCalls,
+		metric.WithDescription("Calls made to broker nodes (one Jolokia HTTP POST is one call), by kind."),
+		metric.WithUnit("{call}"))
+	if err != nil {
+		return nil, fmt.Errorf("jolokia: counter %s: %w", MetricCalls, err)
+	}
 	return &Client{endpoint: endpoint, gate: gate, http: opts.HTTPClient, timeout: opts.Timeout,
-		maxAnswer: opts.MaxAnswerBytes, user: opts.User, pw: opts.Password}, nil
+		maxAnswer: opts.MaxAnswerBytes, user: opts.User, pw: opts.Password, calls: calls}, nil
 }
 
 func endpointOf(baseURL string) (string, error) {
@@ -226,6 +251,7 @@ func (c *Client) Bulk(ctx context.Context, kind nodelimit.Kind, reqs []Request) 
 	if err := c.gate.Wait(ctx, kind); err != nil {
 		return nil, err
 	}
+	c.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", string(kind))))
 	fail := func(noAnswer bool, reason string, err error) error {
 		return &Error{Endpoint: c.endpoint, Kind: kind, NoAnswer: noAnswer, Reason: reason, Err: err}
 	}
@@ -319,10 +345,9 @@ type Counts struct {
 }
 
 // ReadCounts reads MessageCount and ConsumerCount of each MBean, in calls
-// of at most nodelimit.BatchSize reads, and returns them in the order of
-// mbeans.
+// of at most ReadsPerCall reads, and returns them in the order of mbeans.
 func (c *Client) ReadCounts(ctx context.Context, mbeans []string) ([]Counts, error) {
-	return nodelimit.ReadAll(ctx, mbeans, nodelimit.BatchSize, c.readBatch)
+	return nodelimit.ReadAll(ctx, mbeans, ReadsPerCall, c.readBatch)
 }
 
 func (c *Client) readBatch(ctx context.Context, mbeans []string) ([]Counts, error) {
@@ -392,7 +417,7 @@ type Queue struct {
 
 // Queues lists the node's queues with their MessageCount and
 // ConsumerCount, sorted by name, address and routing type: one search call,
-// then one read call per nodelimit.BatchSize queues. A queue deleted
+// then one read call per ReadsPerCall queues. A queue deleted
 // between the search and its read is left out.
 func (c *Client) Queues(ctx context.Context) ([]Queue, error) {
 	names, err := c.Search(ctx, QueuePattern)

@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/time/rate"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglimit/pglimit/internal/fakenode"
 	"github.com/pglimit/pglimit/internal/jolokia"
@@ -39,6 +40,27 @@ func (g *countingGate) Wait(_ context.Context, kind nodelimit.Kind) error {
 		g.read.Add(1)
 	}
 	return nil
+}
+
+// noTurn is the error of a call that got no turn from a node limiter: a
+// second call at 1 per second whose deadline comes before its turn.
+func noTurn(t *testing.T) error {
+	t.Helper()
+	l, err := nodelimit.New(nodelimit.Options{Rate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, _ := l.Node("b1")
+	if err := node.Wait(context.Background(), nodelimit.KindRead); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = node.Wait(ctx, nodelimit.KindRead)
+	if !errors.Is(err, nodelimit.ErrNoTurn) {
+		t.Fatalf("second call at 1/s within 100 ms: %v, want ErrNoTurn", err)
+	}
+	return err
 }
 
 func fakeNode(t *testing.T, queues int) (*fakenode.Node, *httptest.Server) {
@@ -110,6 +132,44 @@ func TestQueuesIn200Batches(t *testing.T) {
 	}
 	if gate.search.Load() != 1 || gate.read.Load() != 3 {
 		t.Fatalf("gate saw %d searches and %d reads, want 1 and 3", gate.search.Load(), gate.read.Load())
+	}
+}
+
+// TestCallsCounted: every POST is counted in studio.broker.calls by kind,
+// once it got its turn; a call refused its turn is not counted.
+func TestCallsCounted(t *testing.T) {
+	t.Parallel()
+	_, srv := fakeNode(t, 450)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	if _, err := client(t, srv.URL, &countingGate{}, jolokia.Options{MeterProvider: mp}).Queues(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client(t, srv.URL, &countingGate{refuse: noTurn(t)}, jolokia.Options{MeterProvider: mp}).Queues(context.Background()); err == nil {
+		t.Fatal("a call without a turn succeeded")
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != jolokia.MetricCalls {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok || !sum.IsMonotonic {
+				t.Fatalf("%s is %T, want a monotonic int64 sum", m.Name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
+				kind, _ := dp.Attributes.Value("kind")
+				got[kind.AsString()] += dp.Value
+			}
+		}
+	}
+	if want := map[string]int64{"search": 1, "read": 3}; !cmp.Equal(got, want) {
+		t.Fatalf("studio.broker.calls = %v, want %v", got, want)
 	}
 }
 
@@ -349,8 +409,7 @@ func TestNoAnswer(t *testing.T) {
 func TestGateRefusal(t *testing.T) {
 	t.Parallel()
 	fn, srv := fakeNode(t, 3)
-	refused := &nodelimit.WaitError{Node: "fake", Kind: nodelimit.KindSearch, Limit: rate.Limit(1), Err: context.DeadlineExceeded}
-	_, err := client(t, srv.URL, &countingGate{refuse: refused}, jolokia.Options{}).Queues(context.Background())
+	_, err := client(t, srv.URL, &countingGate{refuse: noTurn(t)}, jolokia.Options{}).Queues(context.Background())
 	if !errors.Is(err, nodelimit.ErrNoTurn) || errors.Is(err, jolokia.ErrNode) {
 		t.Fatalf("refused turn: %v", err)
 	}
@@ -413,7 +472,7 @@ func TestWriteError(t *testing.T) {
 	}{
 		{"unreachable", &jolokia.Error{Endpoint: "http://secret-host/jolokia/", Reason: "no answer", NoAnswer: true}, 502, jolokia.SlugUnreachable, ""},
 		{"garbage", &jolokia.Error{Endpoint: "http://secret-host/jolokia/", Reason: "HTTP status 500"}, 502, jolokia.SlugUnreachable, ""},
-		{"no turn", &nodelimit.WaitError{Node: "b1", Kind: nodelimit.KindRead, Err: context.DeadlineExceeded}, 503, jolokia.SlugBusy, "1"},
+		{"no turn", noTurn(t), 503, jolokia.SlugBusy, "1"},
 		{"other", errors.New("secret-host exploded"), 500, "internal-error", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

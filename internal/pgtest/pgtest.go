@@ -61,6 +61,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/embedpg"
+	"github.com/pglimit/pglimit/internal/migrate"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
@@ -89,8 +90,8 @@ func Limits() Migration {
 	return Migration{FS: schema.FS(), Table: schema.VersionTable, LockID: schema.LockID}
 }
 
-func (m Migration) schema() schema.Migration {
-	return schema.Migration{FS: m.FS, VersionTable: m.Table, LockID: m.LockID}
+func (m Migration) migration() migrate.Migration {
+	return migrate.Migration{FS: m.FS, VersionTable: m.Table, LockID: m.LockID}
 }
 
 // TestRole is the role that owns the tests' databases when the server's URL
@@ -353,7 +354,7 @@ func (s *server) template(name string, migrations []Migration) error {
 				return err
 			}
 			for _, m := range migrations {
-				if err = schema.Apply(ctx, pool, m.schema()); err != nil {
+				if err = migrate.Apply(ctx, pool, m.migration()); err != nil {
 					break
 				}
 			}
@@ -523,7 +524,7 @@ func WithReplica(t TB, migrations ...Migration) (primary, replica *embedpg.Clust
 	}
 	app := Pool(t, primary.URL("app"), 4)
 	for _, m := range append([]Migration{Limits()}, migrations...) {
-		if err := schema.Apply(ctx, app, m.schema()); err != nil {
+		if err := migrate.Apply(ctx, app, m.migration()); err != nil {
 			t.Fatalf("pgtest: migrate: %v", err)
 		}
 	}

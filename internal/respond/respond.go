@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/dberr"
@@ -29,12 +30,30 @@ const (
 func Error(w http.ResponseWriter, r *http.Request, err error, slug, detail string) {
 	switch Class(r.Context(), err) {
 	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
-		problem.Unavailable(w, r, slug, detail)
+		Unavailable(w, r, slug, detail)
 	case pglimit.ClassCanceled:
 		// Nothing useful can reach a client that went away.
 	default:
 		problem.Internal(w, r)
 	}
+}
+
+// Unavailable sends a 503 with the given slug and detail and a
+// Retry-After of 5 seconds: the database could not be reached, which
+// passes.
+func Unavailable(w http.ResponseWriter, _ *http.Request, slug, detail string) {
+	problem.Write(w, &problem.Details{
+		Slug:       slug,
+		Title:      "Service unavailable",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     detail,
+		RetryAfter: 5 * time.Second,
+	})
+}
+
+// BadRequest sends a 400 with the given slug, title and detail.
+func BadRequest(w http.ResponseWriter, slug, title, detail string) {
+	problem.Write(w, &problem.Details{Slug: slug, Title: title, Status: http.StatusBadRequest, Detail: detail})
 }
 
 // Class is pglimit.Classify(err), except that work whose caller's ctx was
@@ -57,7 +76,7 @@ func Database(w http.ResponseWriter, r *http.Request, err error) {
 // reached or timed out; Error otherwise.
 func Log(ctx context.Context, log *slog.Logger, msg string, err error, args ...any) {
 	c := Class(ctx, err)
-	args = append(args, "class", c.String(), "err", err)
+	args = append(args, "class", string(c), "err", err)
 	switch c {
 	case pglimit.ClassCanceled:
 		log.DebugContext(ctx, "request canceled: the client went away", append(args, "during", msg)...)

@@ -122,3 +122,21 @@ func TestCanceledRequestIsNotAServerError(t *testing.T) {
 		t.Errorf("a request at its deadline: %d, want 503", rec.Code)
 	}
 }
+
+// TestUnavailableAndBadRequest: a 503 carries its slug and a Retry-After
+// of 5 seconds (the database comes back); a 400 carries its slug and
+// title and no Retry-After.
+func TestUnavailableAndBadRequest(t *testing.T) {
+	t.Parallel()
+	req := httptest.NewRequest(http.MethodGet, "/x", nil)
+	rec := httptest.NewRecorder()
+	Unavailable(rec, req, "database-unavailable", "The database cannot be reached.")
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), problem.TypeBase+"database-unavailable") || rec.Header().Get("Retry-After") != "5" {
+		t.Errorf("Unavailable: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	BadRequest(rec, "invalid-request", "Invalid request", "No password.")
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `"type":"`+problem.TypeBase+`invalid-request","title":"Invalid request"`) || rec.Header().Get("Retry-After") != "" {
+		t.Errorf("BadRequest: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+}

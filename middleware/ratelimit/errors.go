@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -95,7 +96,7 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 		Instance: r.URL.Path, Extensions: ext,
 	}
 	if e.RetryAfter > 0 {
-		retry := problem.RetryAfterSeconds(e.RetryAfter)
+		retry := retryafter.Seconds(e.RetryAfter)
 		d.RetryAfter = time.Duration(retry) * time.Second
 		ext["retryAfter"] = retry
 		d.Detail = fmt.Sprintf("The rate of policy %s is spent; retry in %d s.", strings.Join(e.Violated, ", "), retry)

@@ -22,7 +22,6 @@ import (
 	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
-	"github.com/pglimit/pglimit/problem"
 )
 
 // tokenID stands in for the application's authentication: the bearer
@@ -75,7 +74,7 @@ func get(t testing.TB, h http.Handler, token string, header ...string) answer {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	a := answer{status: w.Code, header: w.Header()}
-	if strings.HasPrefix(w.Header().Get("Content-Type"), problem.MediaType) {
+	if strings.HasPrefix(w.Header().Get("Content-Type"), "application/problem+json") {
 		if err := json.Unmarshal(w.Body.Bytes(), &a.body); err != nil {
 			t.Fatalf("problem body %q: %v", w.Body.String(), err)
 		}

@@ -1,12 +1,11 @@
 // Package readroute sends the heavy history reads of a service to a read
-// replica when there is one and it answers, and to the primary otherwise
-// (ADR-0196 decision 3).
+// replica while it answers, and to the primary otherwise.
 //
 // A Router holds the primary pool and an optional replica pool. Its
 // Handler wraps the endpoints whose reads may be served by the replica
 // (audit, event and alert history, the audit export); a wrapped handler
-// takes the pool to read with FromContext, or better runs its read through
-// Read, and says in its response whether the replica served it:
+// runs its read through Read and says in its response whether the replica
+// served it:
 //
 //	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
 //		rows, err = queries.EventPage(ctx, pool, ...)
@@ -23,23 +22,25 @@
 //		return heavy.Read(ctx, pool, func(tx pgx.Tx) error { ... })
 //	})
 //
-// MayLag reports true when a Read on the replica succeeded, or when
-// FromContext handed the replica out, for this request. Every Read is
-// counted in the metric pglimit.readroute.reads by the pool that served
-// it (replica, primary, fallback).
+// Work outside HTTP (a job, a CLI) calls Router.Read instead.
 //
-// # Health
+// # What it guarantees
 //
-// Run, in the background, pings the replica at once and then every Interval
-// (1 s) with a short Timeout (500 ms), until its context ends. While the
-// replica answers, reads go to it; before the first ping answers, when a
-// ping fails, and after Run has returned, reads go to the primary (mayLag
-// false) until a ping answers again. Nothing on the request path touches the database: the health is
-// read from memory. A replica that goes down between two pings is caught
-// by Read: a connection-class error (pglimit.ClassUnavailable) from the replica
-// marks it down at once and the read is retried, once, on the primary, so
-// the request still succeeds. A replica that was promoted (no longer in
+// A replica that is down, not yet checked, or lost in the middle of a read
+// never fails a request the primary can serve: a read through Read that
+// finds the replica unreachable (a connection-class error,
+// pglimit.ClassUnavailable) marks it down at once and runs again, once, on
+// the primary; so does a read the replica canceled for a conflict with the
+// WAL it replays (the replica stays up). Any other error is the read's own
+// and is returned as it is. mayLag is true exactly when the replica served
+// a read of the request. A replica that was promoted (no longer in
 // recovery) is still read: the check only requires that it answers.
+//
+// Run, in the background, pings the replica at once and then every
+// Options.Interval with a short Options.Timeout, until its context ends.
+// While the replica answers, reads go to it; before the first ping
+// answers, when a ping fails, and after Run has returned, reads go to the
+// primary (mayLag false) until a ping answers again.
 //
 // # What is never read on the replica
 //
@@ -51,9 +52,19 @@
 // the handlers it wraps. Wrap only handlers that read domain history, never
 // one that writes or reads a limit table.
 //
-// The router adds about half a microsecond and three small allocations
-// (400 B) to a request (BenchmarkHandler, against the bare handler at
-// ~20 ns): a copy of the request with a new context.
+// # What it costs
+//
+// Nothing on the request path touches the database: the health is read
+// from memory, and the Handler adds a copy of the request with a new
+// context (BenchmarkHandler measures it against the bare handler; see
+// BENCHMARKS.md in the repository). The checks cost one SELECT 1 on the
+// replica per Interval. A read that falls back runs twice, so fn must not
+// have written to the client before it returns an error.
+//
+// Every Read is counted in the metric pglimit.readroute.reads, attribute
+// target: replica (the replica served it), primary (no replica, or it was
+// not healthy) or fallback (it failed on the replica and ran again on the
+// primary).
 //
 // A Router is safe for concurrent use.
 package readroute
@@ -79,21 +90,20 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultInterval = time.Second
-	DefaultTimeout  = 500 * time.Millisecond
+	defaultInterval = time.Second
+	defaultTimeout  = 500 * time.Millisecond
 )
 
 // Options configure a Router.
 type Options struct {
 	// Interval is the time between two health checks of the replica.
-	// Default 1s (DefaultInterval).
+	// Default 1s.
 	Interval time.Duration
-	// Timeout bounds one health check, connecting included. Default 500ms
-	// (DefaultTimeout). Checks never overlap: one that outlasts Interval
-	// delays the next.
+	// Timeout bounds one health check, connecting included. Default 500ms.
+	// Checks never overlap: one that outlasts Interval delays the next.
 	Timeout time.Duration
 	// Probe checks the replica: a nil error means it may be read. Default:
-	// one SELECT 1 (db.SessionPing) on the replica pool.
+	// one SELECT 1 on the replica pool.
 	Probe func(ctx context.Context, replica *pgxpool.Pool) error
 	// Logger receives the replica's health changes. Default slog.Default().
 	Logger *slog.Logger
@@ -103,17 +113,15 @@ type Options struct {
 	MeterProvider metric.MeterProvider
 }
 
-// MetricReads counts the reads run through Read, by the attribute target:
-// "replica" (the replica served it), "primary" (no replica, or it was not
-// healthy), "fallback" (it failed on the replica and ran again on the
-// primary).
-const MetricReads = "pglimit.readroute.reads"
+// metricReads counts the reads run through Read, by the attribute target
+// (see the package doc).
+const metricReads = "pglimit.readroute.reads"
 
-// Targets of MetricReads.
+// Targets of metricReads.
 const (
-	TargetReplica  = "replica"
-	TargetPrimary  = "primary"
-	TargetFallback = "fallback"
+	targetReplica  = "replica"
+	targetPrimary  = "primary"
+	targetFallback = "fallback"
 )
 
 // Router chooses the pool each wrapped request reads with. It is safe for
@@ -144,10 +152,10 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 		return nil, errors.New("readroute: negative Interval or Timeout")
 	}
 	if opts.Interval == 0 {
-		opts.Interval = DefaultInterval
+		opts.Interval = defaultInterval
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	if opts.Probe == nil {
 		opts.Probe = ping
@@ -158,14 +166,14 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if opts.MeterProvider == nil {
 		opts.MeterProvider = otel.GetMeterProvider()
 	}
-	reads, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/middleware/readroute").Int64Counter(MetricReads,
+	reads, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/middleware/readroute").Int64Counter(metricReads,
 		metric.WithDescription("History reads run through readroute.Read, by the pool that served them."),
 		metric.WithUnit("{read}"))
 	if err != nil {
-		return nil, fmt.Errorf("readroute: %s: %w", MetricReads, err)
+		return nil, fmt.Errorf("readroute: %s: %w", metricReads, err)
 	}
 	targets := map[string]metric.AddOption{}
-	for _, t := range []string{TargetReplica, TargetPrimary, TargetFallback} {
+	for _, t := range []string{targetReplica, targetPrimary, targetFallback} {
 		targets[t] = metric.WithAttributeSet(attribute.NewSet(attribute.String("target", t)))
 	}
 	return &Router{primary: primary, replica: replica, interval: opts.Interval, timeout: opts.Timeout,
@@ -181,17 +189,17 @@ var queries = db.New()
 
 func ping(ctx context.Context, replica *pgxpool.Pool) error { return queries.SessionPing(ctx, replica) }
 
-// ErrRunTwice is returned by Run when it was called before on the same
+// errRunTwice is returned by Run when it was called before on the same
 // Router.
-var ErrRunTwice = errors.New("readroute: Run called twice")
+var errRunTwice = errors.New("readroute: Run called twice")
 
 // Run checks the replica at once and then every Interval (checks never
 // overlap), until ctx ends; it then marks the replica not healthy, so reads
 // go to the primary, and returns nil. Without a replica it waits for ctx.
-// Run may be called once; a second call returns ErrRunTwice at once.
+// Run may be called once; a second call returns an error at once.
 func (r *Router) Run(ctx context.Context) error {
 	if r.ran.Swap(true) {
-		return ErrRunTwice
+		return errRunTwice
 	}
 	defer r.healthy.Store(false)
 	if r.replica == nil {
@@ -210,8 +218,10 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 }
 
-// Check probes the replica now, records the result and reports whether
-// the replica may be read. Without a replica it reports false.
+// Check probes the replica now, as Run does, records the result and
+// reports whether the replica may be read: a caller that cannot wait for
+// Run's first check (a test, a start-up that wants reads on the replica at
+// once) calls it first. Without a replica it reports false.
 func (r *Router) Check(ctx context.Context) bool {
 	if r.replica == nil {
 		return false
@@ -248,21 +258,6 @@ func (r *Router) setHealthy(ok bool, err error) {
 // unready: reads fall back to the primary.
 func (r *Router) Healthy() bool { return r.replica != nil && r.healthy.Load() }
 
-// HasReplica reports whether a replica is configured.
-func (r *Router) HasReplica() bool { return r.replica != nil }
-
-// Pick returns the pool to read with now: the replica (mayLag true) when it
-// is healthy, else the primary (mayLag false).
-func (r *Router) Pick() (pool *pgxpool.Pool, mayLag bool) {
-	if r.Healthy() {
-		return r.replica, true
-	}
-	return r.primary, false
-}
-
-// Primary returns the primary pool.
-func (r *Router) Primary() *pgxpool.Pool { return r.primary }
-
 // route is the read route of one request.
 type route struct {
 	router *Router
@@ -270,46 +265,33 @@ type route struct {
 	mu      sync.Mutex
 	pool    *pgxpool.Pool
 	replica bool // pool is the replica
-	lagged  bool // the replica served (or was handed out to) this request
+	lagged  bool // the replica served a read of this request
 }
 
 type routeKey struct{}
 
-// NewContext returns ctx carrying a read route chosen now (Pick), for work
-// outside a wrapped handler: FromContext, Read and MayLag then work on it.
-func (r *Router) NewContext(ctx context.Context) context.Context {
-	pool, lag := r.Pick()
-	return context.WithValue(ctx, routeKey{}, &route{router: r, pool: pool, replica: lag})
+// newContext returns ctx carrying a read route chosen now: the replica
+// when it is healthy, else the primary.
+func (r *Router) newContext(ctx context.Context) context.Context {
+	rt := &route{router: r, pool: r.primary}
+	if r.Healthy() {
+		rt.pool, rt.replica = r.replica, true
+	}
+	return context.WithValue(ctx, routeKey{}, rt)
 }
 
 // Handler chooses the pool for each request of next, from memory, and
-// passes it in the request's context (FromContext, Read, MayLag).
+// passes it in the request's context, where Read and MayLag find it. The
+// incoming request is not changed: next gets a copy.
 func (r *Router) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		next.ServeHTTP(w, req.WithContext(r.NewContext(req.Context())))
+		next.ServeHTTP(w, req.WithContext(r.newContext(req.Context())))
 	})
 }
 
 func routeOf(ctx context.Context) *route {
 	rt, _ := ctx.Value(routeKey{}).(*route)
 	return rt
-}
-
-// FromContext returns the pool the request of ctx reads with and whether
-// it may lag (it is the replica). Outside a wrapped request it returns nil,
-// false. Handing out the replica counts as reading it: MayLag then reports
-// true. Prefer Read, which also survives a replica that fails mid-request.
-func FromContext(ctx context.Context) (pool *pgxpool.Pool, mayLag bool) {
-	rt := routeOf(ctx)
-	if rt == nil {
-		return nil, false
-	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.replica {
-		rt.lagged = true
-	}
-	return rt.pool, rt.replica
 }
 
 // MayLag reports whether the replica served reads of the request of ctx:
@@ -324,52 +306,56 @@ func MayLag(ctx context.Context) bool {
 	return rt.lagged
 }
 
-// ErrNoRoute is returned by Read outside a request wrapped by a Router's
-// Handler (or a context from NewContext).
-var ErrNoRoute = errors.New("readroute: no read route in the context")
+// errNoRoute is returned by Read outside a request wrapped by a Router's
+// Handler.
+var errNoRoute = errors.New("readroute: no read route in the context")
 
 // Read runs fn with the pool the request of ctx reads with. When fn fails
-// on the replica with a connection-class error (pglimit.ClassUnavailable), the
-// replica is marked down, the request moves to the primary for good, and
-// fn runs once more there with mayLag false: a read that races the health
-// check still succeeds. fn may therefore run twice; it must not have
-// written to the client before it returns an error.
+// on the replica with a connection-class error (pglimit.ClassUnavailable),
+// the replica is marked down, the request moves to the primary for good,
+// and fn runs once more there with mayLag false: a read that races the
+// health check still succeeds. A read the replica canceled for a conflict
+// with recovery runs again on the primary too, leaving the replica
+// healthy. fn may therefore run twice; it must not have written to the
+// client before it returns an error. Outside a request wrapped by a
+// Router's Handler, Read runs nothing and returns an error.
 func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) error {
 	rt := routeOf(ctx)
 	if rt == nil {
-		return ErrNoRoute
+		return errNoRoute
 	}
 	rt.mu.Lock()
 	pool, replica := rt.pool, rt.replica
 	rt.mu.Unlock()
 	err := fn(pool, replica)
 	if !replica {
-		rt.router.counted(ctx, TargetPrimary)
+		rt.router.counted(ctx, targetPrimary)
 		return err
 	}
 	if err == nil {
 		rt.mu.Lock()
 		rt.lagged = true
 		rt.mu.Unlock()
-		rt.router.counted(ctx, TargetReplica)
+		rt.router.counted(ctx, targetReplica)
 		return nil
 	}
 	if !rt.router.shouldFallBack(ctx, err) {
-		rt.router.counted(ctx, TargetReplica)
+		rt.router.counted(ctx, targetReplica)
 		return err
 	}
 	rt.mu.Lock()
 	rt.pool, rt.replica = rt.router.primary, false
 	rt.mu.Unlock()
-	rt.router.counted(ctx, TargetFallback)
+	rt.router.counted(ctx, targetFallback)
 	return fn(rt.router.primary, false)
 }
 
-// Read runs fn with the pool Pick chooses, for callers outside a wrapped
-// request, and falls back to the primary as the package-level Read does.
-// It reports whether the replica served the read.
+// Read runs fn with the pool a wrapped request would read with now (the
+// replica when it is healthy, else the primary), for callers outside a
+// wrapped request, and falls back to the primary as the package-level Read
+// does. It reports whether the replica served the read.
 func (r *Router) Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) (mayLag bool, err error) {
-	ctx = r.NewContext(ctx)
+	ctx = r.newContext(ctx)
 	err = Read(ctx, fn)
 	return MayLag(ctx), err
 }

@@ -110,7 +110,10 @@ func TestNoReplicaReadsThePrimary(t *testing.T) {
 	var got *pgxpool.Pool
 	var lag bool
 	h := r.Handler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		got, lag = readroute.FromContext(req.Context())
+		_ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
+			got, lag = pool, mayLag
+			return nil
+		})
 		historyHandler().ServeHTTP(w, req)
 	}))
 	code, a := get(t, h)
@@ -455,9 +458,6 @@ func TestRunWithoutReplica(t *testing.T) {
 func TestOutsideARoute(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	if pool, lag := readroute.FromContext(ctx); pool != nil || lag {
-		t.Errorf("FromContext outside a route: %v %v", pool, lag)
-	}
 	if readroute.MayLag(ctx) {
 		t.Error("MayLag outside a route")
 	}
@@ -483,12 +483,21 @@ func TestOutsideARoute(t *testing.T) {
 	if req.Context() != before {
 		t.Error("Handler changed the incoming request's context")
 	}
-	// FromContext counts as reading the replica.
+	// MayLag turns true only once a read on the replica has succeeded.
 	replicaCtx := mustRouter(t, primary, primary, readroute.Options{Interval: time.Hour}).NewContext(ctx)
 	if readroute.MayLag(replicaCtx) {
 		t.Error("MayLag before anything was read")
 	}
-	if _, lag := readroute.FromContext(replicaCtx); !lag || !readroute.MayLag(replicaCtx) {
-		t.Error("FromContext handed out the replica but MayLag is false")
+	failed := errors.New("a read that failed")
+	if err := readroute.Read(replicaCtx, func(*pgxpool.Pool, bool) error { return failed }); !errors.Is(err, failed) || readroute.MayLag(replicaCtx) {
+		t.Errorf("a failed read on the replica: %v, MayLag %v", err, readroute.MayLag(replicaCtx))
+	}
+	if err := readroute.Read(replicaCtx, func(_ *pgxpool.Pool, lag bool) error {
+		if !lag {
+			return errors.New("not the replica")
+		}
+		return nil
+	}); err != nil || !readroute.MayLag(replicaCtx) {
+		t.Errorf("a read the replica served: %v, MayLag %v", err, readroute.MayLag(replicaCtx))
 	}
 }

@@ -129,6 +129,7 @@ import (
 	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -703,7 +704,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	)
 	switch {
 	case errors.As(err, &le):
-		retry := problem.RetryAfterSeconds(le.RetryAfter)
+		retry := retryafter.Seconds(le.RetryAfter)
 		problem.Write(w, &problem.Details{
 			Slug:   slugTooMany,
 			Title:  "Too many failed sign-ins",
@@ -718,12 +719,12 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",
 			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})
 	case errors.Is(err, errNoKey):
-		problem.BadRequest(w, slugInvalid, "Invalid sign-in request",
+		respond.BadRequest(w, slugInvalid, "Invalid sign-in request",
 			"The sign-in request must carry a username: a JSON object or a form with the field \"username\".")
 	case errors.Is(err, ErrInvalidRequest):
-		problem.BadRequest(w, slugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
+		respond.BadRequest(w, slugInvalid, "Invalid sign-in request", "The sign-in request body could not be read.")
 	case errors.Is(err, ErrNotRecorded):
-		problem.Unavailable(w, r, slugUnavailable, detailUnavailable)
+		respond.Unavailable(w, r, slugUnavailable, detailUnavailable)
 	default:
 		respond.Error(w, r, err, slugUnavailable, detailUnavailable)
 	}

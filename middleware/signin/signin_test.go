@@ -26,6 +26,8 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/problem"
 	"github.com/pglimit/pglimit/sql/schema"
@@ -65,7 +67,7 @@ func newApp(t testing.TB, users ...string) *app {
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req struct{ Username, Password string }
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		problem.BadRequest(w, "invalid-request", "Invalid request", "The body must be a JSON object.")
+		respond.BadRequest(w, "invalid-request", "Invalid request", "The body must be a JSON object.")
 		return
 	}
 	hash, known := a.users[signin.NormalizeUsername(req.Username)]
@@ -173,7 +175,7 @@ func checkThrottled(t *testing.T, got response, limit int, window time.Duration)
 	if diff := cmp.Diff(wantThrottled(limit, retry), got.body); diff != "" {
 		t.Errorf("refusal body (-want +got):\n%s", diff)
 	}
-	if ct := got.header.Get("Content-Type"); ct != problem.MediaType {
+	if ct := got.header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Errorf("Content-Type %q", ct)
 	}
 }
@@ -357,7 +359,7 @@ func TestStatementCounts(t *testing.T) {
 	strict := newLimiter(t, pool, signin.Options{Limit: 2, Lenient: false}).Handler(a)
 	notAttempt := newLimiter(t, pool, signin.Options{Limit: 2, Lenient: false}).Handler(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			problem.BadRequest(w, "invalid-request", "Invalid request", "Password missing.")
+			respond.BadRequest(w, "invalid-request", "Invalid request", "Password missing.")
 		}))
 	steps := []struct {
 		name     string
@@ -447,7 +449,7 @@ func TestUnknownUsernamesLikeKnown(t *testing.T) {
 			t.Fatal(err)
 		}
 		retry, _ := r.body["retryAfter"].(float64)
-		lo, hi := problem.RetryAfterSeconds(end.Sub(e)), problem.RetryAfterSeconds(end.Sub(s))
+		lo, hi := retryafter.Seconds(end.Sub(e)), retryafter.Seconds(end.Sub(s))
 		if int(retry) < lo || int(retry) > hi || r.header.Get("Retry-After") != fmt.Sprint(retry) {
 			t.Errorf("%s: retryAfter %v, Retry-After %q, want %d to %d", user, retry, r.header.Get("Retry-After"), lo, hi)
 		}
@@ -692,7 +694,7 @@ func TestWindowLapses(t *testing.T) {
 	// retryRange is the Retry-After (seconds) due for a decision between
 	// s and e, with the window ending at end.
 	retryRange := func(s, e, end time.Time) (lo, hi int) {
-		return problem.RetryAfterSeconds(end.Sub(e)), problem.RetryAfterSeconds(end.Sub(s))
+		return retryafter.Seconds(end.Sub(e)), retryafter.Seconds(end.Sub(s))
 	}
 	for _, user := range users {
 		signIn(t, h, user, "wrong")
@@ -847,7 +849,7 @@ func TestStrictModeGivesBackNonAttempts(t *testing.T) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch mode.Load().(string) {
 		case "400":
-			problem.BadRequest(w, "invalid-request", "Invalid request", "No password.")
+			respond.BadRequest(w, "invalid-request", "Invalid request", "No password.")
 		case "500":
 			w.WriteHeader(http.StatusInternalServerError)
 		case "panic":

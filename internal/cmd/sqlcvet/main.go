@@ -56,7 +56,7 @@ func run() error {
 	}
 	err = schema.Migrate(ctx, pool)
 	if err == nil {
-		err = schema.Apply(ctx, pool, studioschema.Migration())
+		err = studioschema.Apply(ctx, pool)
 	}
 	pool.Close()
 	if err != nil {

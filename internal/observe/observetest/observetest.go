@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/observe"
 )
 
@@ -101,20 +101,20 @@ func join(set attribute.Set, keys ...string) string {
 // Refusals are the refusals of the last 15 minutes by limit, as
 // pglimit.Refusals reads them from the installation's table: "name" for
 // refused, "name dry-run" for dry-run-refused.
-func Refusals(t testing.TB, pool db.DBTX) map[string]int64 {
+func Refusals(t testing.TB, pool *pgxpool.Pool) map[string]int64 {
 	t.Helper()
 	m, err := pglimit.Refusals(context.Background(), pool, 15)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]int64{}
-	for _, l := range m.Limits {
+	for name := range m.Refused {
 		for i := range m.Minutes {
-			if n := l.Refused[i]; n > 0 {
-				out[l.Name] += n
+			if n := m.Refused[name][i]; n > 0 {
+				out[name] += n
 			}
-			if n := l.DryRunRefused[i]; n > 0 {
-				out[l.Name+" dry-run"] += n
+			if n := m.DryRunRefused[name][i]; n > 0 {
+				out[name+" dry-run"] += n
 			}
 		}
 	}
@@ -124,7 +124,7 @@ func Refusals(t testing.TB, pool db.DBTX) map[string]int64 {
 // WaitRefusals waits, up to 20 s, until Refusals equals want (the
 // limiters write them about once a second), and fails the test with what
 // it last read otherwise.
-func WaitRefusals(t testing.TB, pool db.DBTX, want map[string]int64) {
+func WaitRefusals(t testing.TB, pool *pgxpool.Pool, want map[string]int64) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

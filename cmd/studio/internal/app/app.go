@@ -30,7 +30,6 @@ import (
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/problem"
 	"github.com/pglimit/pglimit/replica"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 // App is one replica of the reference service.
@@ -103,7 +102,7 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := pglimit.Migrate(ctx, a.primary); err != nil {
 		return nil, err
 	}
-	if err := schema.Apply(ctx, a.primary, studioschema.Migration()); err != nil {
+	if err := studioschema.Apply(ctx, a.primary); err != nil {
 		return nil, err
 	}
 	if cfg.DemoFor(embedded) {
@@ -122,14 +121,12 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 		return nil, err
 	}
 	// The registry, the node limiter and the read router start nothing
-	// here: Run runs them. The first heartbeat and the first share of each
-	// node's rate are written now, so that this replica counts at once.
+	// here: Run runs them. The first share of each node's rate is read
+	// now (the registry counts this replica before its first heartbeat),
+	// so that this replica keeps to its share from its first call.
 	a.registry, err = replica.New(a.primary, replica.Options{Name: cfg.ReplicaName, Interval: cfg.HeartbeatInterval, Logger: log})
 	if err != nil {
 		return nil, err
-	}
-	if err := a.registry.Heartbeat(ctx); err != nil {
-		log.Warn("first heartbeat failed; retrying in the background", "err", err)
 	}
 	if err := a.setupNodes(); err != nil {
 		return nil, err
@@ -281,7 +278,7 @@ func (a *App) setupLimits() error {
 	}
 	var codec *cursor.Codec
 	if cfg.CursorKey != "" {
-		key, err := cursor.ParseKey(cfg.CursorKey)
+		key, err := parseCursorKey(cfg.CursorKey)
 		if err != nil {
 			return fmt.Errorf("-cursor-key: %w", err)
 		}
@@ -295,7 +292,7 @@ func (a *App) setupLimits() error {
 	// The history row cap is how far page numbers reach and how far the
 	// total counts: a history read reads at most that many rows for its
 	// page and as many for its total.
-	if a.pager, err = cursor.NewPager(codec, cursor.Rules{Limit: cfg.HistoryRows}); err != nil {
+	if a.pager, err = cursor.NewPager(codec, cursor.Rules{MaxSize: maxPageSize, Limit: cfg.HistoryRows}); err != nil {
 		return err
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{

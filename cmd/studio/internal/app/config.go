@@ -5,6 +5,7 @@
 package app
 
 import (
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,13 +13,11 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
-	"github.com/pglimit/pglimit/replica"
 )
 
 // Config is everything the service is configured with. Flag names are the
@@ -87,7 +86,7 @@ func (r *Rate) String() string {
 
 // Set parses N/s, N/m, N/h or 0.
 func (r *Rate) Set(v string) error {
-	limit, window, on, err := ratelimit.ParseRate(v)
+	limit, window, on, err := parseRate(v)
 	if err != nil {
 		return err
 	}
@@ -170,6 +169,13 @@ func (n Nodes) Set(v string) error {
 	return nil
 }
 
+// defaultReplicaName is host:pid, the name a replica gets in the registry
+// (and on the rows it writes) when -replica-name is not given.
+func defaultReplicaName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
 // ParseFlags reads the command line (and DATABASE_URL, READ_REPLICA_URL,
 // CURSOR_KEY from the environment) into a Config.
 func ParseFlags(args []string) (*Config, error) {
@@ -178,7 +184,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
 	fs.StringVar(&c.ReadReplicaURL, "read-replica-url", os.Getenv("READ_REPLICA_URL"), "read replica for history reads (default $READ_REPLICA_URL, else none)")
-	fs.StringVar(&c.ReplicaName, "replica-name", replica.DefaultName(), "name in the replica registry")
+	fs.StringVar(&c.ReplicaName, "replica-name", defaultReplicaName(), "name in the replica registry")
 	fs.BoolVar(&c.Demo, "demo", false, "seed demo users, tokens and history (default on when embedded)")
 	fs.IntVar(&c.PoolMaxConns, "pool-max-conns", 16, "pgxpool size; installation-wide heavy cap = max(1, this / 4)")
 
@@ -191,7 +197,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.ExportRows, "export-rows", 100000, "audit export row cap")
 	fs.IntVar(&c.HistoryCap, "history-cap", 4, "history reads per user at once, per history endpoint")
 	fs.DurationVar(&c.HistoryTime, "history-time", 10*time.Second, "time bound of history reads")
-	fs.IntVar(&c.HistoryRows, "history-rows", cursor.DefaultLimit, "row cap of history reads: page numbers reach this many rows and the total counts at most this many (at least the largest page, 200)")
+	fs.IntVar(&c.HistoryRows, "history-rows", 10000, "row cap of history reads: page numbers reach this many rows and the total counts at most this many (at least the largest page, 200)")
 	fs.IntVar(&c.FlowCap, "flow-cap", 2, "flow graph reads per user at once")
 	fs.DurationVar(&c.FlowTime, "flow-time", 10*time.Second, "flow graph time bound")
 	fs.IntVar(&c.FlowRows, "flow-rows", 1000, "flow graph row cap: the busiest this many address pairs (edges) are answered")
@@ -266,8 +272,8 @@ func (c *Config) Validate() error {
 	positive("history-cap", c.HistoryCap)
 	positive("flow-cap", c.FlowCap)
 	positive("flow-rows", c.FlowRows)
-	if c.HistoryRows < cursor.DefaultMaxSize {
-		errs = append(errs, fmt.Errorf("-history-rows must be at least %d, the largest page", cursor.DefaultMaxSize))
+	if c.HistoryRows < maxPageSize {
+		errs = append(errs, fmt.Errorf("-history-rows must be at least %d, the largest page", maxPageSize))
 	}
 	positive("sign-in-failures", c.SignInFailures)
 	positive("uploads-per-hour", c.UploadsPerHour)
@@ -296,4 +302,54 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("-log-format must be text or json"))
 	}
 	return errors.Join(errs...)
+}
+
+// parseCursorKey decodes -cursor-key, given as base64 (standard or URL
+// alphabet, padding optional), e.g. the output of `openssl rand -base64
+// 32`. It refuses a key shorter than 16 bytes, the least cursor.NewCodec
+// takes.
+func parseCursorKey(s string) ([]byte, error) {
+	s = strings.TrimRight(strings.TrimSpace(s), "=")
+	enc := base64.RawStdEncoding
+	if strings.ContainsAny(s, "-_") {
+		enc = base64.RawURLEncoding
+	}
+	key, err := enc.DecodeString(s)
+	if err != nil {
+		return nil, errors.New("key is not base64")
+	}
+	if len(key) < 16 {
+		return nil, errors.New("key shorter than 16 bytes")
+	}
+	return key, nil
+}
+
+// parseRate reads a rate written "N/s", "N/m" or "N/h" (N requests per
+// second, minute or hour; N up to 1,000,000, the most a rate policy
+// takes) into a Limit and a Window. "0" is no rate at all: ok is false
+// and err nil.
+func parseRate(s string) (limit int, window time.Duration, ok bool, err error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, 0, false, nil
+	}
+	n, unit, found := strings.Cut(s, "/")
+	if !found {
+		return 0, 0, false, fmt.Errorf("rate %q: want N/s, N/m, N/h or 0", s)
+	}
+	switch unit {
+	case "s":
+		window = time.Second
+	case "m":
+		window = time.Minute
+	case "h":
+		window = time.Hour
+	default:
+		return 0, 0, false, fmt.Errorf("rate %q: the unit is s, m or h", s)
+	}
+	limit, err = strconv.Atoi(n)
+	if err != nil || limit < 1 || limit > 1_000_000 {
+		return 0, 0, false, fmt.Errorf("rate %q: N is a whole number within 1..1000000", s)
+	}
+	return limit, window, true, nil
 }

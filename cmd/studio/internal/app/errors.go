@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/heavy"
@@ -26,7 +27,7 @@ func classOf(r *http.Request, err error) pglimit.Class {
 // Warn, anything else Error.
 func (a *App) logFailure(r *http.Request, err error) {
 	c := classOf(r, err)
-	args := []any{"method", r.Method, "path", r.URL.Path, "class", c.String(), "err", err}
+	args := []any{"method", r.Method, "path", r.URL.Path, "class", string(c), "err", err}
 	switch c {
 	case pglimit.ClassCanceled:
 		a.log.DebugContext(r.Context(), "request canceled: the client went away", args...)
@@ -45,7 +46,7 @@ func (a *App) dbError(w http.ResponseWriter, r *http.Request, err error) {
 	a.logFailure(r, err)
 	switch classOf(r, err) {
 	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
-		problem.Unavailable(w, r, "database-unavailable", "The database cannot be reached; try again shortly.")
+		unavailable(w, "database-unavailable", "The database cannot be reached; try again shortly.")
 	case pglimit.ClassCanceled:
 	default:
 		problem.Internal(w, r)
@@ -69,5 +70,19 @@ func (a *App) signInUnavailable(w http.ResponseWriter, r *http.Request, err erro
 	if classOf(r, err) == pglimit.ClassCanceled {
 		return
 	}
-	problem.Unavailable(w, r, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.")
+	unavailable(w, "sign-in-unavailable", "Sign-in is unavailable: the database cannot be reached. Try again shortly.")
+}
+
+// badRequest answers 400 with the problem type slug, its title and a
+// detail for the client.
+func badRequest(w http.ResponseWriter, slug, title, detail string) {
+	problem.Write(w, &problem.Details{Slug: slug, Title: title, Status: http.StatusBadRequest, Detail: detail})
+}
+
+// unavailable answers 503 with the problem type slug and a detail, and a
+// Retry-After of 5 seconds: the database could not be reached, which
+// passes.
+func unavailable(w http.ResponseWriter, slug, detail string) {
+	problem.Write(w, &problem.Details{Slug: slug, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+		Detail: detail, RetryAfter: 5 * time.Second})
 }

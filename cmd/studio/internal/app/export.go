@@ -16,7 +16,6 @@ import (
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/readroute"
-	"github.com/pglimit/pglimit/problem"
 )
 
 var (
@@ -39,14 +38,14 @@ func timeRange(w http.ResponseWriter, r *http.Request) (from, to time.Time, ok b
 		}
 		t, err := time.Parse(time.RFC3339Nano, vals[0])
 		if len(vals) > 1 || err != nil || t.Year() < 1 || t.Year() > 9999 {
-			problem.BadRequest(w, "invalid-time-range", "Invalid time range",
+			badRequest(w, "invalid-time-range", "Invalid time range",
 				"from and to are optional RFC 3339 times, e.g. 2026-12-01T00:00:00Z, each given once.")
 			return from, to, false
 		}
 		*p.dst = t
 	}
 	if !from.Before(to) {
-		problem.BadRequest(w, "invalid-time-range", "Invalid time range", "from must be before to.")
+		badRequest(w, "invalid-time-range", "Invalid time range", "from must be before to.")
 		return from, to, false
 	}
 	return from, to, true

@@ -28,6 +28,10 @@ type historyPage[T any] struct {
 	Bound       *string `json:"bound"`
 }
 
+// maxPageSize is the largest page a history request may ask for; the
+// history row cap (-history-rows) is at least this.
+const maxPageSize = 200
+
 // history reads one history table. page reads page mode (LIMIT, OFFSET),
 // after reads cursor mode, count is the capped count.
 type history[T any] struct {

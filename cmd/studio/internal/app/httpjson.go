@@ -28,21 +28,21 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool
 		// closes after this answer (else net/http would read the rest of a
 		// body that is still trickling in before answering).
 		w.Header().Set("Connection", "close")
-		problem.BadRequest(w, "invalid-json", "Invalid JSON", "The request body could not be read.")
+		badRequest(w, "invalid-json", "Invalid JSON", "The request body could not be read.")
 		return false
 	}
 	if !utf8.Valid(body) {
-		problem.BadRequest(w, "invalid-json", "Invalid JSON", "The request body is not valid UTF-8.")
+		badRequest(w, "invalid-json", "Invalid JSON", "The request body is not valid UTF-8.")
 		return false
 	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		problem.BadRequest(w, "invalid-json", "Invalid JSON", "The request body is not the JSON object this endpoint takes.")
+		badRequest(w, "invalid-json", "Invalid JSON", "The request body is not the JSON object this endpoint takes.")
 		return false
 	}
 	if dec.More() {
-		problem.BadRequest(w, "invalid-json", "Invalid JSON", "The request body holds more than one JSON value.")
+		badRequest(w, "invalid-json", "Invalid JSON", "The request body holds more than one JSON value.")
 		return false
 	}
 	return true

@@ -2,10 +2,14 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/permit"
@@ -90,7 +94,7 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 			resp.DryRun = append(resp.DryRun, n)
 		}
 	}
-	if a.router.HasReplica() {
+	if a.replica != nil {
 		healthy := a.router.Healthy()
 		resp.ReadReplica = &healthy
 	}
@@ -117,12 +121,12 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	for _, t := range throttles {
 		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: int32(t.Failures), FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
 	}
-	replicas, err := a.registry.List(ctx)
+	replicas, err := a.listReplicas(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, rep := range replicas {
-		resp.Replicas = append(resp.Replicas, replicaRow(rep))
+		resp.Replicas = append(resp.Replicas, rep)
 		if rep.Ready {
 			resp.ReadyReplicas++
 		}
@@ -133,10 +137,27 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 		return nil, err
 	}
 	resp.Refusals = refusalsJSON{Minutes: refusals.Minutes, Limits: []limitRefusalsJSON{}}
-	for _, l := range refusals.Limits {
-		resp.Refusals.Limits = append(resp.Refusals.Limits, limitRefusalsJSON(l))
+	for _, name := range slices.Sorted(maps.Keys(refusals.Refused)) {
+		resp.Refusals.Limits = append(resp.Refusals.Limits, limitRefusalsJSON{Name: name,
+			Refused: refusals.Refused[name], DryRunRefused: refusals.DryRunRefused[name]})
 	}
 	return resp, nil
+}
+
+// listReplicas reads every row of pglimit's replica registry, ready or
+// not, by name: the operator's view of the replicas (the registry itself
+// only counts the ready ones).
+func (a *App) listReplicas(ctx context.Context) ([]replicaRow, error) {
+	rows, err := a.primary.Query(ctx, `SELECT name, started_at, heartbeat_at, ready AND expires_at > now(), expires_at
+		FROM pglimit.replica ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("replicas: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (replicaRow, error) {
+		var r replicaRow
+		err := row.Scan(&r.Name, &r.StartedAt, &r.HeartbeatAt, &r.Ready, &r.ExpiresAt)
+		return r, err
+	})
 }
 
 // nameTokens fills in the token name and user of in-flight rows, whose

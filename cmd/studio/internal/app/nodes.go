@@ -18,7 +18,7 @@ func (a *App) setupNodes() error {
 	var err error
 	a.nodeLimit, err = nodelimit.New(nodelimit.Options{
 		Rate:          rate.Limit(a.cfg.NodeRate),
-		Replicas:      a.registry,
+		Replicas:      a.registry.ReadyReplicas,
 		MeterProvider: a.meters,
 		Logger:        a.log,
 	})
@@ -31,7 +31,7 @@ func (a *App) setupNodes() error {
 		if err != nil {
 			return err
 		}
-		c, err := jolokia.New(url, gate, jolokia.Options{Timeout: 10 * time.Second})
+		c, err := jolokia.New(url, gate, jolokia.Options{Timeout: 10 * time.Second, MeterProvider: a.meters})
 		if err != nil {
 			return err
 		}
@@ -70,6 +70,6 @@ func (a *App) handleQueues(w http.ResponseWriter, r *http.Request) {
 	}
 	gate, _ := a.nodeLimit.Node(name)
 	writeJSON(w, http.StatusOK, queuesResponse{Node: name, Queues: queues, Rate: map[string]any{
-		"installation": float64(gate.Rate()), "replica": float64(gate.Limit()), "readyReplicas": a.nodeLimit.ReadyReplicas(),
+		"installation": float64(a.cfg.NodeRate), "replica": float64(gate.Limit()),
 	}})
 }

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pglimit/pglimit/cursor"
 )
 
 //go:embed audit.html
@@ -64,7 +62,7 @@ func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
 	link := func(set url.Values) string {
 		u := url.Values{}
 		for k, vs := range r.URL.Query() {
-			if k != cursor.ParamPage && k != cursor.ParamAfter {
+			if k != "page" && k != "after" {
 				u[k] = vs
 			}
 		}
@@ -77,17 +75,17 @@ func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
 		v.FirstRow = q.page.Offset() + 1
 		v.LastRow = q.page.Offset() + len(resp.Items)
 		if v.Page > 1 {
-			v.PrevURL = link(url.Values{cursor.ParamPage: {strconv.Itoa(v.Page - 1)}})
+			v.PrevURL = link(url.Values{"page": {strconv.Itoa(v.Page - 1)}})
 		}
 		if resp.Next != nil {
-			if (v.Page+1)*v.Size <= a.pager.Rules().Limit {
-				v.NextURL = link(url.Values{cursor.ParamPage: {strconv.Itoa(v.Page + 1)}})
+			if (v.Page+1)*v.Size <= a.cfg.HistoryRows {
+				v.NextURL = link(url.Values{"page": {strconv.Itoa(v.Page + 1)}})
 			} else {
-				v.OlderURL = link(url.Values{cursor.ParamAfter: {*resp.Next}})
+				v.OlderURL = link(url.Values{"after": {*resp.Next}})
 			}
 		}
 	} else if resp.Next != nil {
-		v.OlderURL = link(url.Values{cursor.ParamAfter: {*resp.Next}})
+		v.OlderURL = link(url.Values{"after": {*resp.Next}})
 	}
 	renderPage(w, http.StatusOK, v)
 }

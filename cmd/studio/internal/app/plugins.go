@@ -28,18 +28,18 @@ func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
 				Detail: "The plugin is larger than this service accepts.", Extensions: map[string]any{"limit": a.cfg.MaxUploadBytes}})
 			return
 		}
-		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "Send the plugin as multipart/form-data in the field \"file\".")
+		badRequest(w, "invalid-plugin", "Invalid plugin", "Send the plugin as multipart/form-data in the field \"file\".")
 		return
 	}
 	defer file.Close()
 	name := path.Base(strings.ReplaceAll(header.Filename, "\\", "/"))
 	if name == "" || name == "." || name == "/" || len(name) > 200 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") {
-		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file needs a plain name of at most 200 characters.")
+		badRequest(w, "invalid-plugin", "Invalid plugin", "The file needs a plain name of at most 200 characters.")
 		return
 	}
 	content, err := io.ReadAll(io.LimitReader(file, a.cfg.MaxUploadBytes+1))
 	if err != nil {
-		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file could not be read.")
+		badRequest(w, "invalid-plugin", "Invalid plugin", "The file could not be read.")
 		return
 	}
 	if int64(len(content)) > a.cfg.MaxUploadBytes {
@@ -48,7 +48,7 @@ func (a *App) handlePlugin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(content) == 0 {
-		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file is empty.")
+		badRequest(w, "invalid-plugin", "Invalid plugin", "The file is empty.")
 		return
 	}
 	sum := sha256.Sum256(content)

@@ -52,7 +52,7 @@ func (a *App) handleSignInResetForm(w http.ResponseWriter, r *http.Request) {
 func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username string) (int, bool) {
 	name := signin.NormalizeUsername(username)
 	if name == "" || len(name) > 256 {
-		problem.BadRequest(w, "invalid-username", "Invalid username", "Give the username whose sign-in throttle to clear.")
+		badRequest(w, "invalid-username", "Invalid username", "Give the username whose sign-in throttle to clear.")
 		return 0, false
 	}
 	ctx, cancel := dbContext(r.Context())

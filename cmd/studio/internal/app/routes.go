@@ -63,12 +63,11 @@ func (a *App) readBounded(ctx context.Context, fn func(tx pgx.Tx) error) (mayLag
 	return readroute.MayLag(ctx), err
 }
 
+// registered reports whether this replica's heartbeat in the registry is
+// current (not yet written, failing, or draining: not registered).
 func (a *App) registered() (bool, string) {
 	if a.registry.Ready() {
 		return true, ""
-	}
-	if err := a.registry.LastError(); err != nil {
-		return false, "heartbeat failing"
 	}
 	return false, "not registered"
 }

@@ -1,0 +1,3 @@
+package migrate
+
+const PglimitVersionTable = pglimitVersionTable
