@@ -62,6 +62,11 @@ type Capacity struct {
 	// RequestsNoInflight is Requests for a service that limits the rate of
 	// every request but caps no token's requests in flight.
 	RequestsNoInflight float64
+	// RequestsBorrowed is Requests with the rate limit borrowing
+	// (ratelimit.Options.Borrow): the rate's part measured on a hot key.
+	// RateAlone and RateAloneBorrowed are the requests a second one core
+	// decides for a service that limits only the rate.
+	RequestsBorrowed, RateAlone, RateAloneBorrowed float64
 }
 
 // worst returns the costliest measurement of an operation (of every number
@@ -105,6 +110,16 @@ func (r *Report) Capacity(a Assumptions) Capacity {
 	}
 	if noInflight > 0 {
 		c.RequestsNoInflight = float64(time.Second) / float64(noInflight)
+	}
+	rate, borrowed := r.worst(OpRate).ServerPerOp(), r.worst(OpRateBorrowed).ServerPerOp()
+	if rate > 0 {
+		c.RateAlone = float64(time.Second) / float64(rate)
+	}
+	if borrowed > 0 {
+		c.RateAloneBorrowed = float64(time.Second) / float64(borrowed)
+		if with := c.Server - c.Parts[1].ServerPerRequest() + borrowed; with > 0 {
+			c.RequestsBorrowed = float64(time.Second) / float64(with)
+		}
 	}
 	return c
 }

@@ -28,19 +28,24 @@ const (
 	OpFailure  = "failed sign-in (check + record)"
 	OpUpload   = "upload window claim"
 	OpRate     = "rate-limit decision"
+	// OpRateBorrowed is a decision of a hot key with
+	// ratelimit.Options.Borrow: mostly a unit spent in memory, a statement
+	// per batch.
+	OpRateBorrowed = "rate-limit decision, borrowed"
 )
 
 // Operations lists the operations of the throughput phase.
-var Operations = []string{OpHeavy, OpInflight, OpCheck, OpFailure, OpUpload, OpRate}
+var Operations = []string{OpHeavy, OpInflight, OpCheck, OpFailure, OpUpload, OpRate, OpRateBorrowed}
 
 // What says what one operation does, through the public API.
 var What = map[string]string{
-	OpHeavy:    "heavy.Limiter.Acquire (a slot of the user's scope and one of the installation's, one round trip) + Permit.Release",
-	OpInflight: "inflight.Limiter.Acquire (a slot of the token's scope) + Permit.Release",
-	OpCheck:    "signin.Limiter.Acquire (one read of login_attempt) + Permit.Release (nothing written)",
-	OpFailure:  "signin.Limiter.Acquire + Permit.Fail (a read, then an upsert in its own transaction)",
-	OpUpload:   "upload.Limiter.Acquire: a slot kept for the window (a user's 1st to 5th upload)",
-	OpRate:     "ratelimit.Limiter.Acquire under one policy (one INSERT ... ON CONFLICT DO UPDATE)",
+	OpHeavy:        "heavy.Limiter.Acquire (a slot of the user's scope and one of the installation's, one round trip) + Permit.Release",
+	OpInflight:     "inflight.Limiter.Acquire (a slot of the token's scope) + Permit.Release",
+	OpCheck:        "signin.Limiter.Acquire in lenient mode (one read of login_attempt) + Permit.Release (nothing written)",
+	OpFailure:      "signin.Limiter.Acquire + Permit.Fail in lenient mode (a read, then an upsert in its own transaction)",
+	OpUpload:       "upload.Limiter.Acquire: a slot kept for the window (a user's 1st to 5th upload)",
+	OpRate:         "ratelimit.Limiter.Acquire under one policy (one INSERT ... ON CONFLICT DO UPDATE)",
+	OpRateBorrowed: "ratelimit.Limiter.Acquire of a client's hot key with Options.Borrow (a unit spent in memory; one statement per batch of about a second of the policy's units)",
 }
 
 // noKey is the Key of limiters used through Acquire only.
@@ -55,6 +60,7 @@ type limiters struct {
 	failure  *signin.Limiter
 	upload   *upload.Limiter
 	rate     *ratelimit.Limiter
+	borrow   *ratelimit.Limiter
 }
 
 // limiterConfig sets what the phases vary.
@@ -83,10 +89,10 @@ func newLimiters(pool *pgxpool.Pool, c limiterConfig) (*limiters, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if l.check, err = signin.New(pool, signin.Options{Limit: 5, Window: c.window, Logger: quiet}); err != nil {
+	if l.check, err = signin.New(pool, signin.Options{Limit: 5, Window: c.window, Lenient: true, Logger: quiet}); err != nil {
 		return nil, err
 	}
-	if l.failure, err = signin.New(pool, signin.Options{Limit: c.failureLimit, Window: c.window, Logger: quiet}); err != nil {
+	if l.failure, err = signin.New(pool, signin.Options{Limit: c.failureLimit, Window: c.window, Lenient: true, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	if l.upload, err = upload.New(pool, upload.Options{
@@ -96,6 +102,12 @@ func newLimiters(pool *pgxpool.Pool, c limiterConfig) (*limiters, error) {
 	}
 	if l.rate, err = ratelimit.New(pool, ratelimit.Options{
 		Name: "scale-rate", Key: noKey, Policies: []ratelimit.Policy{c.rate}, Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	if l.borrow, err = ratelimit.New(pool, ratelimit.Options{
+		Name: "scale-borrow", Key: noKey, Borrow: true, Logger: quiet,
+		Policies: []ratelimit.Policy{{Name: "scale-borrow", Limit: 1_000_000, Window: time.Second}},
 	}); err != nil {
 		return nil, err
 	}
@@ -152,6 +164,12 @@ func (l *limiters) failureOp(ctx context.Context, key string) error {
 // uploadOp claims an upload slot of user, kept for the window.
 func (l *limiters) uploadOp(ctx context.Context, user string) error {
 	_, err := l.upload.Acquire(ctx, user)
+	return err
+}
+
+// borrowOp decides one request of key, borrowing.
+func (l *limiters) borrowOp(ctx context.Context, key string) error {
+	_, err := l.borrow.Acquire(ctx, key)
 	return err
 }
 

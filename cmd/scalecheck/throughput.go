@@ -234,6 +234,9 @@ func (e *env) opFunc(name string, l *limiters, phase string, c int) func(context
 	case OpUpload:
 		// A user's 1st to 5th upload of the window, then the next user.
 		return func(ctx context.Context, i int) error { return l.uploadOp(ctx, fmt.Sprintf("%s-%d", key, (i+1)/5)) }
+	case OpRateBorrowed:
+		// One hot key per client, at a million a second: never refused.
+		return func(ctx context.Context, _ int) error { return l.borrowOp(ctx, key) }
 	case OpRate:
 		// Four keys in turn: one client decides faster than a policy's
 		// most (pglimit.MaxLimit a second) allows one key.
