@@ -65,13 +65,9 @@ func TestDedicatedLimitsDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Left to its default, the installation cap would be a quarter of the
-	// limits pool, not of the pool the heavy reads run on.
-	if defaulted, err := heavy.New(limits, heavy.Options{Name: "reports", Key: userOf}); err != nil {
-		t.Fatal(err)
-	} else if got, want := reports.InstallationLimit(), 2; got != want || defaulted.InstallationLimit() != 1 {
-		t.Fatalf("installation limit %d from the app pool (want %d), %d by default from the limits pool (want 1)", got, want, defaulted.InstallationLimit())
-	}
+	// (Left to its default, the installation cap would be a quarter of the
+	// limits pool, not of the pool the heavy reads run on: heavy's own
+	// tests pin the default.)
 
 	inside := make(chan string, 2) // a report request is holding its permits
 	proceed := make(chan struct{})

@@ -149,7 +149,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	noName := body{bytes.NewReader([]byte(`{"password":"x"}`))}
 	post, _ := http.NewRequest(http.MethodPost, "/api/session", noName)
 	post.Header.Set("Content-Type", "application/json")
-	limitErr := &heavy.LimitError{Endpoint: "sql-console", Limit: 2, Scope: heavy.ScopeUser, RetryAfter: 3 * time.Second}
+	limitErr := &heavy.LimitError{Name: "sql-console", Limit: 2, Scope: heavy.ScopeUser, RetryAfter: 3 * time.Second}
 	pos := cursor.Position{At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), ID: 123456}
 	q := map[string][]string{"after": {pager.Encode("bench", pos)}, "size": {"50"}}
 	ctx := context.Background()

@@ -1,5 +1,5 @@
 // Package heavy bounds expensive endpoints across every replica of a
-// service (ADR-0196 decisions 1 and 2).
+// service.
 //
 // A heavy endpoint is one Limiter, made by New with three bounds: a per-key
 // concurrency cap (Limit; the key is the user, as Options.Key reads it), a
@@ -40,6 +40,17 @@
 // database-unavailable), anything else (500, the error logged through
 // Options.Logger, never sent). A client that went away gets nothing.
 //
+// # Cost and failures
+//
+// A heavy request costs two write transactions, the claim of both permits
+// before its handler and their release before its answer completes, each
+// one statement (or a share of one: a replica sends the claims and
+// releases that arrive together in one round trip); BENCHMARKS.md measures
+// them against that floor. Permits live in an UNLOGGED table: a crash of
+// the database empties it, which frees every permit (the safe direction).
+// A database that cannot be reached or does not answer within
+// Options.Timeout fails the request (503).
+//
 // A Limiter is safe for concurrent use.
 package heavy
 
@@ -56,27 +67,20 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
-// Grace is added to an endpoint's time bound to make its permits' lease: a
-// permit whose holder never released it lapses at bound + Grace.
-const Grace = 30 * time.Second
+// grace is added to an endpoint's time bound to make its permits' lease: a
+// permit whose holder never released it lapses at bound + grace.
+const grace = 30 * time.Second
 
-// Problem type slugs of heavy refusals.
+// Problem type slugs of heavy refusals (see WriteError).
 const (
-	SlugTooMany  = "too-many-heavy-requests"
-	SlugTimedOut = "heavy-request-timed-out"
-)
-
-// Defaults of Options.
-const (
-	DefaultLimit   = 1
-	DefaultTime    = 30 * time.Second
-	DefaultTimeout = 5 * time.Second
+	slugTooMany  = "too-many-heavy-requests"
+	slugTimedOut = "heavy-request-timed-out"
 )
 
 // Scope says whose limit refused a request.
@@ -148,17 +152,13 @@ type Options struct {
 // Limiter is one heavy endpoint: it claims its permits. It is safe for
 // concurrent use.
 type Limiter struct {
-	leaser  *permit.Leaser
-	name    string
+	core    *slots.Limiter
 	limit   int
 	time    time.Duration
 	rows    int
 	instCap int
-	timeout time.Duration
 	key     func(*http.Request) (string, bool)
 	onError func(http.ResponseWriter, *http.Request, error)
-	log     *slog.Logger
-	obs     *observe.Limit
 }
 
 // New returns the Limiter of one heavy endpoint, keeping its permits in
@@ -173,75 +173,50 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Key == nil {
 		return nil, errors.New("heavy: Options.Key is required")
 	}
+	pkg := "heavy: " + opts.Name
 	if opts.Limit == 0 {
-		opts.Limit = DefaultLimit
+		opts.Limit = 1
 	}
 	if opts.InstallationLimit == 0 {
-		opts.InstallationLimit = DefaultInstallationLimit(pool.Config().MaxConns)
-	}
-	for what, n := range map[string]int{"Limit": opts.Limit, "InstallationLimit": opts.InstallationLimit} {
-		if n < 1 || n > pglimit.MaxLimit {
-			return nil, fmt.Errorf("heavy: %s: %s %d outside 1..pglimit.MaxLimit (%d)", opts.Name, what, n, pglimit.MaxLimit)
-		}
+		opts.InstallationLimit = max(1, int(pool.Config().MaxConns)/4)
 	}
 	if opts.Time == 0 {
-		opts.Time = DefaultTime
+		opts.Time = 30 * time.Second
 	}
-	if opts.Time < time.Millisecond {
-		return nil, fmt.Errorf("heavy: %s: Time %v below a millisecond", opts.Name, opts.Time)
+	if err := errors.Join(slots.CheckCap(pkg, "Limit", opts.Limit), slots.CheckCap(pkg, "InstallationLimit", opts.InstallationLimit),
+		slots.CheckDuration(pkg, "Time", opts.Time)); err != nil {
+		return nil, err
 	}
 	if opts.Rows < 0 {
-		return nil, fmt.Errorf("heavy: %s: negative Rows", opts.Name)
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.Timeout < 0 {
-		return nil, fmt.Errorf("heavy: %s: negative Timeout", opts.Name)
+		return nil, fmt.Errorf("%s: negative Rows", pkg)
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{string(ScopeUser), string(ScopeInstallation)},
-		DryRun: opts.DryRun, MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, fmt.Errorf("heavy: %s: %w", opts.Name, err)
-	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit, Replica: opts.Replica, Timeout: opts.Timeout,
-		Logger: opts.Logger, OnRelease: obs.Released})
+	core, err := slots.New(pool, slots.Config{Pkg: pkg, Name: opts.Name, Kind: permit.HeavyPermit,
+		Scopes: []string{string(ScopeUser), string(ScopeInstallation)}, Replica: opts.Replica, Timeout: opts.Timeout,
+		Logger: opts.Logger, MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, time: opts.Time, rows: opts.Rows,
-		instCap: opts.InstallationLimit, timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger,
-		obs: obs}, nil
+	return &Limiter{core: core, limit: opts.Limit, time: opts.Time, rows: opts.Rows, instCap: opts.InstallationLimit,
+		key: opts.Key, onError: opts.OnError}, nil
 }
 
-// DefaultInstallationLimit is max(1, maxConns / 4).
-func DefaultInstallationLimit(maxConns int32) int { return max(1, int(maxConns)/4) }
-
 // Name is the endpoint's name.
-func (l *Limiter) Name() string { return l.name }
+func (l *Limiter) Name() string { return l.core.Name }
 
-// Limit is how many requests of one key may run at once.
-func (l *Limiter) Limit() int { return l.limit }
+// installationScope is the scope key shared by all heavy endpoints.
+const installationScope = "installation"
 
-// InstallationLimit is the cap over all heavy requests of all replicas.
-func (l *Limiter) InstallationLimit() int { return l.instCap }
-
-// InstallationScope is the scope key shared by all heavy endpoints.
-const InstallationScope = "installation"
-
-// KeyScope is the scope key of key's permits on the endpoint name.
-func KeyScope(name, key string) string { return permit.ScopeKey("user", name, key) }
+// keyScope is the scope key of key's permits on the endpoint name.
+func keyScope(name, key string) string { return permit.ScopeKey("user", name, key) }
 
 // LimitError is a refused heavy request.
 type LimitError struct {
-	// Endpoint is the endpoint's name (Options.Name).
-	Endpoint string
+	// Name is the endpoint's name (Options.Name): the problem's member
+	// endpoint.
+	Name string
 	// Limit is the cap that was reached.
 	Limit int
 	// Scope is whose cap it was.
@@ -252,7 +227,7 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("heavy: %s: %s limit of %d reached", e.Endpoint, e.Scope, e.Limit)
+	return fmt.Sprintf("heavy: %s: %s limit of %d reached", e.Name, e.Scope, e.Limit)
 }
 
 // Is reports whether target is pglimit.ErrLimited.
@@ -260,7 +235,7 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is a granted heavy request.
 type Permit struct {
-	lease   *permit.Lease // nil for a dry-run refusal
+	held    slots.Held // none for a dry-run refusal
 	bounds  Bounds
 	refusal *LimitError
 }
@@ -274,32 +249,24 @@ func (p *Permit) Refusal() *LimitError { return p.refusal }
 func (p *Permit) Bounds() Bounds { return p.bounds }
 
 // Release gives both permits back, in one statement, and waits until the
-// database has them back, or ctx ends (permit.Lease.Release): work
-// answered after it never holds its permits on any replica. One that fails
-// is logged, and the permits then lapse on their own at the endpoint's
-// Time + 30 s after the claim, as they do when the process is killed
-// before the release is sent; one whose ctx ended goes on without the
-// caller (Limiter.Flush waits for it). It is safe to call more than once.
+// database has them back, or ctx ends: work answered after it never holds
+// its permits on any replica. One that fails is logged, and the permits
+// then lapse on their own at the endpoint's Time + 30 s after the claim,
+// as they do when the process is killed before the release is sent; one
+// whose ctx ended goes on without the caller (Limiter.Flush waits for
+// it). It is safe to call more than once.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil || p.lease == nil {
+	if p == nil {
 		return nil
 	}
-	return p.lease.Release(ctx)
-}
-
-// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
-// at most.
-func (p *Permit) releaseWithin(ctx context.Context) {
-	if p != nil && p.lease != nil {
-		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
-	}
+	return p.held.Release(ctx)
 }
 
 // Flush waits until every permit released so far has reached the
-// database (see permit.Leaser.Flush). Call it at shutdown, after the
-// server stopped serving (http.Server.Shutdown returned), so that no
-// release is lost with the process.
-func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
+// database. Call it at shutdown, after the server stopped serving
+// (http.Server.Shutdown returned), so that no release is lost with the
+// process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 
 // Acquire claims a permit of the endpoint for key, for callers that are not
 // HTTP handlers (a job runner, a CLI). It returns a *LimitError
@@ -308,37 +275,31 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) 
 // is the database's (pglimit.Classify) or ctx's. Release the permit when
 // the work ends, and bound the work with the permit's Bounds.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
-	if key == "" {
-		return nil, errors.New("heavy: empty key")
-	}
-	scopes := []permit.Scope{
-		{Key: KeyScope(l.name, key), Cap: l.limit},
-		{Key: InstallationScope, Cap: l.instCap},
-	}
-	start := time.Now()
-	lease, err := l.leaser.Claim(ctx, permit.Claim{Scopes: scopes, Holder: key, Endpoint: l.name, Lease: l.time + Grace})
-	l.obs.Took(ctx, observe.Claim, start)
-	if err != nil {
-		var refused *permit.RefusedError
-		if !errors.As(err, &refused) {
-			l.obs.Failed(ctx, string(ScopeUser), err)
-			return nil, err
+	name := l.core.Name
+	scopeOf := func(r *slots.Refused) Scope {
+		if r.Scope.Key == installationScope {
+			return ScopeInstallation
 		}
-		le := &LimitError{Endpoint: l.name, Limit: refused.Scope.Cap, Scope: ScopeUser,
-			RetryAfter: max(time.Second, refused.FirstLapse-Grace)}
-		if refused.Scope.Key == InstallationScope {
-			le.Scope = ScopeInstallation
-		}
-		if !l.obs.Refused(ctx, string(le.Scope), key, "cap", le.Limit) {
-			return nil, le
-		}
-		return &Permit{bounds: l.bounds(), refusal: le}, nil
+		return ScopeUser
 	}
-	l.obs.Granted(ctx, string(ScopeUser))
-	return &Permit{lease: lease, bounds: l.bounds()}, nil
+	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
+		Scopes: []permit.Scope{{Key: keyScope(name, key), Cap: l.limit}, {Key: installationScope, Cap: l.instCap}},
+		Holder: key, Endpoint: name, Lease: l.time + grace,
+	}, func(r *slots.Refused) string { return string(scopeOf(r)) })
+	switch {
+	case err != nil:
+		return nil, err
+	case refused == nil:
+		return &Permit{held: held, bounds: l.bounds()}, nil
+	}
+	le := &LimitError{Name: name, Limit: refused.Scope.Cap, Scope: scopeOf(refused), RetryAfter: slots.RetryAfter(refused, grace)}
+	if !letThrough {
+		return nil, le
+	}
+	return &Permit{bounds: l.bounds(), refusal: le}, nil
 }
 
-func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.name, Time: l.time, Rows: l.rows} }
+func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.core.Name, Time: l.time, Rows: l.rows} }
 
 // Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
@@ -356,10 +317,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		p, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			if !errors.Is(err, pglimit.ErrLimited) {
-				respond.Log(r.Context(), l.log, "heavy: claim failed", err, "endpoint", l.name)
-			}
-			l.onError(w, r, err)
+			l.core.Fail(w, r, err, l.onError)
 			return
 		}
 		if p.refusal != nil {
@@ -368,7 +326,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		// The answer completes once the permits are back (permit.AnswerWait
 		// at most); a failed release is logged by the Leaser.
-		defer p.releaseWithin(r.Context())
+		defer p.held.ReleaseWithin(r.Context())
 		ctx, cancel := NewContext(r.Context(), p.bounds)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -379,21 +337,21 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // limit and scope, with Retry-After and the RateLimit-Policy / RateLimit
 // headers (quota unit concurrent-requests).
 func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
-	retry := problem.RetryAfterSeconds(e.RetryAfter)
+	retry := retryafter.Seconds(e.RetryAfter)
 	h := http.Header{}
 	addRateLimitHeaders(h, e)
-	detail := fmt.Sprintf("You already run %d %s request(s) at once, your limit; retry when one ends.", e.Limit, e.Endpoint)
+	detail := fmt.Sprintf("You already run %d %s request(s) at once, your limit; retry when one ends.", e.Limit, e.Name)
 	if e.Scope == ScopeInstallation {
 		detail = fmt.Sprintf("The installation already runs %d heavy request(s) at once, its limit; retry when one ends.", e.Limit)
 	}
 	problem.Write(w, &problem.Details{
-		Slug:       SlugTooMany,
+		Slug:       slugTooMany,
 		Title:      "Too many heavy requests",
 		Status:     http.StatusTooManyRequests,
 		Detail:     detail,
 		Instance:   r.URL.Path,
 		RetryAfter: time.Duration(retry) * time.Second,
-		Extensions: map[string]any{"endpoint": e.Endpoint, "limit": e.Limit, "scope": string(e.Scope)},
+		Extensions: map[string]any{"endpoint": e.Name, "limit": e.Limit, "scope": string(e.Scope)},
 		Header:     h,
 	})
 }
@@ -402,12 +360,12 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 // the refusal e to h (added: the fields are lists, and an outer limit's
 // items stay beside these).
 func addRateLimitHeaders(h http.Header, e *LimitError) {
-	policy := e.Endpoint
+	policy := e.Name
 	if e.Scope == ScopeInstallation {
 		policy = "heavy-installation"
 	}
 	h.Add("RateLimit-Policy", fmt.Sprintf("%q;q=%d;qu=\"concurrent-requests\"", policy, e.Limit))
-	h.Add("RateLimit", fmt.Sprintf("%q;r=0;t=%d", policy, problem.RetryAfterSeconds(e.RetryAfter)))
+	h.Add("RateLimit", fmt.Sprintf("%q;r=0;t=%d", policy, retryafter.Seconds(e.RetryAfter)))
 }
 
 // Bounds are the bounds a heavy request runs under; handlers read them with
@@ -444,9 +402,9 @@ func NewContext(ctx context.Context, b Bounds) (context.Context, context.CancelF
 	return context.WithValue(ctx, boundsKey{}, b), cancel
 }
 
-// FormatLimit writes a time bound the way marks and problems name it:
+// formatLimit writes a time bound the way marks and problems name it:
 // whole seconds as "30s", anything finer as Go writes it ("1.5s", "250ms").
-func FormatLimit(d time.Duration) string {
+func formatLimit(d time.Duration) string {
 	if d%time.Second == 0 {
 		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
 	}

@@ -15,28 +15,25 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-// ErrTimedOut is matched (errors.Is) by every *TimeoutError.
+// ErrTimedOut is matched (errors.Is) by the error of a read the database
+// stopped at its time bound (Read, Stream). WriteError answers it 503
+// heavy-request-timed-out; a handler may also pass ErrTimedOut itself.
 var ErrTimedOut = errors.New("heavy: time bound reached")
 
-// TimeoutError is a read the database stopped at the time bound.
-type TimeoutError struct {
-	// Endpoint is the endpoint's name.
-	Endpoint string
-	// Limit is the time bound.
-	Limit time.Duration
-	// Err is the database's error.
-	Err error
+// timeoutError is a read the database stopped at the time bound.
+type timeoutError struct {
+	endpoint string
+	limit    time.Duration
+	err      error // the database's
 }
 
-func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("heavy: %s: stopped at its time bound of %s", e.Endpoint, FormatLimit(e.Limit))
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("heavy: %s: stopped at its time bound of %s", e.endpoint, formatLimit(e.limit))
 }
 
-// Is reports whether target is ErrTimedOut.
-func (e *TimeoutError) Is(target error) bool { return target == ErrTimedOut }
+func (e *timeoutError) Is(target error) bool { return target == ErrTimedOut }
 
-// Unwrap returns the database's error.
-func (e *TimeoutError) Unwrap() error { return e.Err }
+func (e *timeoutError) Unwrap() error { return e.err }
 
 // Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
 type Beginner interface {
@@ -48,12 +45,12 @@ var queries = db.New()
 // Read runs fn in a read-only transaction on conn whose statement_timeout is
 // what is left of ctx's time bound, so the database stops a statement at the
 // bound even if the client stops reading. When the bound stops the read it
-// returns a *TimeoutError (errors.Is(err, ErrTimedOut)). Outside a heavy
+// returns an error matching ErrTimedOut. Outside a heavy
 // request (no Bounds in ctx) it runs fn with ctx's deadline alone.
 func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 	b, _ := FromContext(ctx)
 	timedOut := func(err error) error {
-		return &TimeoutError{Endpoint: b.Endpoint, Limit: b.Time, Err: err}
+		return &timeoutError{endpoint: b.Endpoint, limit: b.Time, err: err}
 	}
 	deadline, hasDeadline := ctx.Deadline()
 	if hasDeadline && time.Until(deadline) <= 0 {
@@ -102,8 +99,9 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 //
 //   - *LimitError: 429 too-many-heavy-requests naming endpoint, limit and
 //     scope, with Retry-After and the RateLimit-Policy / RateLimit headers;
-//   - *TimeoutError: 503 heavy-request-timed-out with endpoint, bound TIME
-//     and limit;
+//   - ErrTimedOut: 503 heavy-request-timed-out with endpoint, bound TIME
+//     and limit (the request's Bounds, FromContext, when the error does
+//     not carry them);
 //   - a database that cannot be reached or did not answer in time
 //     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
 //     database-unavailable with Retry-After;
@@ -114,22 +112,29 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var (
 		le *LimitError
-		te *TimeoutError
+		te *timeoutError
 	)
 	switch {
 	case errors.As(err, &le):
 		writeRefusal(w, r, le)
-	case errors.As(err, &te):
+	case errors.Is(err, ErrTimedOut):
+		endpoint, limit := "", time.Duration(0)
+		if b, ok := FromContext(r.Context()); ok {
+			endpoint, limit = b.Endpoint, b.Time
+		}
+		if errors.As(err, &te) {
+			endpoint, limit = te.endpoint, te.limit
+		}
 		problem.Write(w, &problem.Details{
-			Slug:     SlugTimedOut,
+			Slug:     slugTimedOut,
 			Title:    "Heavy request timed out",
 			Status:   http.StatusServiceUnavailable,
-			Detail:   fmt.Sprintf("The database stopped this %s request at its time bound of %s before it had a page to return. Narrow the request (a shorter time range) and try again.", te.Endpoint, FormatLimit(te.Limit)),
+			Detail:   fmt.Sprintf("The database stopped this %s request at its time bound of %s before it had a page to return. Narrow the request (a shorter time range) and try again.", endpoint, formatLimit(limit)),
 			Instance: r.URL.Path,
 			Extensions: map[string]any{
-				"endpoint": te.Endpoint,
+				"endpoint": endpoint,
 				"bound":    BoundTime,
-				"limit":    FormatLimit(te.Limit),
+				"limit":    formatLimit(limit),
 			},
 		})
 	default:

@@ -77,7 +77,7 @@ func Stream(ctx context.Context, rows pgx.Rows, write func(pgx.Rows) error) (Mar
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		if dberr.IsTimeout(err) && !errors.Is(ctx.Err(), context.Canceled) {
-			m.Bound, m.Limit = BoundTime, FormatLimit(b.Time)
+			m.Bound, m.Limit = BoundTime, formatLimit(b.Time)
 			return m, nil
 		}
 		return m, err

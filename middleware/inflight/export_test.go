@@ -11,3 +11,12 @@ import (
 func NewWithGrace(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter, error) {
 	return newLimiter(pool, opts, grace)
 }
+
+// Scope is the scope key of key's slots.
+var Scope = scopeOf
+
+// Limit is the number of requests a token may have in flight.
+func (l *Limiter) Limit() int { return l.limit }
+
+// MaxDuration is the longest a request may run.
+func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }

@@ -1,5 +1,5 @@
 // Package inflight caps the requests an API token has in flight at once,
-// across every replica of a service (ADR-0196 decision 5).
+// across every replica of a service.
 //
 // It is built on permit.Leaser over the UNLOGGED request_in_flight table:
 // a request claims one of its token's Limit slots before its handler runs
@@ -37,6 +37,17 @@
 // database-unavailable), anything else (500, logged through
 // Options.Logger, never sent). A client that went away gets nothing.
 //
+// # Cost and failures
+//
+// A request costs two write transactions: the claim before its handler
+// and the release before its answer completes, each one statement (or a
+// share of one: a replica sends the claims and releases that arrive
+// together in one round trip). BENCHMARKS.md measures them against their
+// floor, two one-row upserts. The slot lives in an UNLOGGED table: a crash
+// of the database empties it, which frees every token's slots (the safe
+// direction for a cap). A database that cannot be reached or does not
+// answer within Options.Timeout fails the request (503).
+//
 // A Limiter is safe for concurrent use.
 package inflight
 
@@ -55,26 +66,19 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
-// SlugTooMany is the problem type slug of a refused request.
-const SlugTooMany = "too-many-requests-in-flight"
+// slugTooMany is the problem type slug of a refused request.
+const slugTooMany = "too-many-requests-in-flight"
 
-// Grace is added to MaxDuration to make a slot's lease: a slot whose
-// holder vanished lapses MaxDuration + Grace after it was claimed.
-const Grace = 30 * time.Second
-
-// Defaults of Options.
-const (
-	DefaultName        = "in-flight"
-	DefaultLimit       = 8
-	DefaultMaxDuration = 2 * time.Minute
-	DefaultTimeout     = 5 * time.Second
-)
+// grace is added to MaxDuration to make a slot's lease: a slot whose
+// holder vanished lapses MaxDuration + grace after it was claimed.
+const grace = 30 * time.Second
 
 // Options configure a Limiter.
 type Options struct {
@@ -127,83 +131,55 @@ const scopeToken = "token"
 
 // Limiter caps requests in flight per token. It is safe for concurrent use.
 type Limiter struct {
-	leaser  *permit.Leaser
-	name    string
+	core    *slots.Limiter
 	limit   int
 	maxDur  time.Duration
 	grace   time.Duration
-	timeout time.Duration
 	key     func(*http.Request) (string, bool)
 	onError func(http.ResponseWriter, *http.Request, error)
-	log     *slog.Logger
-	obs     *observe.Limit
 }
 
 // New returns a Limiter keeping its slots in pool's database. It checks
 // opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
-	return newLimiter(pool, opts, Grace)
+	return newLimiter(pool, opts, grace)
 }
 
 func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter, error) {
-	if pool == nil {
-		return nil, errors.New("inflight: nil pool")
-	}
 	if opts.Key == nil {
 		return nil, errors.New("inflight: Options.Key is required")
 	}
 	if opts.Name == "" {
-		opts.Name = DefaultName
+		opts.Name = "in-flight"
 	}
 	if opts.Limit == 0 {
-		opts.Limit = DefaultLimit
-	}
-	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
-		return nil, fmt.Errorf("inflight: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
+		opts.Limit = 8
 	}
 	if opts.MaxDuration == 0 {
-		opts.MaxDuration = DefaultMaxDuration
-	}
-	if opts.MaxDuration < time.Millisecond {
-		return nil, fmt.Errorf("inflight: MaxDuration %v below a millisecond", opts.MaxDuration)
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("inflight: negative Timeout")
+		opts.MaxDuration = 2 * time.Minute
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+	if err := errors.Join(slots.CheckCap("inflight", "Limit", opts.Limit),
+		slots.CheckDuration("inflight", "MaxDuration", opts.MaxDuration)); err != nil {
+		return nil, err
 	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeToken}, DryRun: opts.DryRun,
-		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, fmt.Errorf("inflight: %w", err)
-	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Replica: opts.Replica, Timeout: opts.Timeout,
-		Logger: opts.Logger, OnRelease: obs.Released})
+	core, err := slots.New(pool, slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,
+		Scopes: []string{scopeToken}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
+		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace,
-		timeout: opts.Timeout, key: opts.Key, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
+	return &Limiter{core: core, limit: opts.Limit, maxDur: opts.MaxDuration, grace: grace,
+		key: opts.Key, onError: opts.OnError}, nil
 }
 
 // Name is the limit's name.
-func (l *Limiter) Name() string { return l.name }
+func (l *Limiter) Name() string { return l.core.Name }
 
-// Limit is the number of requests a token may have in flight.
-func (l *Limiter) Limit() int { return l.limit }
-
-// MaxDuration is the longest a request may run.
-func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
-
-// Scope is the scope key of key's slots in request_in_flight.
-func Scope(key string) string { return permit.ScopeKey("token", key) }
+// scopeOf is the scope key of key's slots in request_in_flight.
+func scopeOf(key string) string { return permit.ScopeKey("token", key) }
 
 // TokenKey is an identity for a raw token that has no id of its own: the
 // first 16 bytes of its SHA-256, in hex. It is safe to store; the token is
@@ -235,7 +211,7 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 
 // Permit is one request in flight.
 type Permit struct {
-	lease   *permit.Lease // nil for a dry-run refusal
+	held    slots.Held // none for a dry-run refusal
 	refusal *LimitError
 }
 
@@ -244,33 +220,25 @@ type Permit struct {
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release frees the slot and waits until the database has it back, or ctx
-// ends (permit.Lease.Release): a request answered after it never holds its
-// slot on any replica. The release leaves at once, in the Limiter's next
-// round trip, shared with the claims and releases made meanwhile. One that
-// fails is logged, and the slot then lapses on its own at MaxDuration +
-// 30 s after the claim, as it does when the process is killed before the
-// release is sent; one whose ctx ended goes on without the caller
-// (Limiter.Flush waits for it). It is safe to call more than once.
+// ends: a request answered after it never holds its slot on any replica.
+// The release leaves at once, in the Limiter's next round trip, shared
+// with the claims and releases made meanwhile. One that fails is logged,
+// and the slot then lapses on its own at MaxDuration + 30 s after the
+// claim, as it does when the process is killed before the release is
+// sent; one whose ctx ended goes on without the caller (Limiter.Flush
+// waits for it). It is safe to call more than once.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil || p.lease == nil {
+	if p == nil {
 		return nil
 	}
-	return p.lease.Release(ctx)
+	return p.held.Release(ctx)
 }
 
-// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
-// at most.
-func (p *Permit) releaseWithin(ctx context.Context) {
-	if p != nil && p.lease != nil {
-		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
-	}
-}
-
-// Flush waits until every slot released so far has reached the database
-// (see permit.Leaser.Flush). Call it at shutdown, after the server stopped
-// serving (http.Server.Shutdown returned), so that no release is lost with
-// the process.
-func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
+// Flush waits until every slot released so far has reached the database.
+// Call it at shutdown, after the server stopped serving
+// (http.Server.Shutdown returned), so that no release is lost with the
+// process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
 // returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
@@ -279,40 +247,32 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) 
 // (pglimit.Classify) or ctx's. Release the permit when the work ends, and
 // end the work within MaxDuration.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
-	return l.acquire(ctx, key, l.name)
+	return l.acquire(ctx, key, l.core.Name)
 }
 
 func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
-	if key == "" {
-		return nil, errors.New("inflight: empty key")
-	}
-	start := time.Now()
-	lease, err := l.leaser.Claim(ctx, permit.Claim{
-		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
+	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
+		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit}},
 		Holder: key, Endpoint: storable(endpoint), Lease: l.maxDur + l.grace,
-	})
-	l.obs.Took(ctx, observe.Claim, start)
-	if err != nil {
-		var refused *permit.RefusedError
-		if !errors.As(err, &refused) {
-			l.obs.Failed(ctx, scopeToken, err)
-			return nil, err
-		}
-		le := &LimitError{Name: l.name, Limit: l.limit, RetryAfter: max(time.Second, refused.FirstLapse-l.grace)}
-		if !l.obs.Refused(ctx, scopeToken, key, "cap", l.limit, "endpoint", endpoint) {
-			return nil, le
-		}
-		return &Permit{refusal: le}, nil
+	}, func(*slots.Refused) string { return scopeToken }, "cap", l.limit, "endpoint", endpoint)
+	switch {
+	case err != nil:
+		return nil, err
+	case refused == nil:
+		return &Permit{held: held}, nil
 	}
-	l.obs.Granted(ctx, scopeToken)
-	return &Permit{lease: lease}, nil
+	le := &LimitError{Name: l.core.Name, Limit: l.limit, RetryAfter: slots.RetryAfter(refused, l.grace)}
+	if !letThrough {
+		return nil, le
+	}
+	return &Permit{refusal: le}, nil
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away, before the answer completes (see Permit.Release). An unidentified request passes to next as it
-// is.
+// client goes away, before the answer completes (see Permit.Release). An
+// unidentified request passes to next as it is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := l.key(r)
@@ -322,15 +282,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		p, err := l.acquire(r.Context(), key, endpointOf(r))
 		if err != nil {
-			if !errors.Is(err, pglimit.ErrLimited) {
-				respond.Log(r.Context(), l.log, "inflight: claim failed", err, "limit", l.name)
-			}
-			l.onError(w, r, err)
+			l.core.Fail(w, r, err, l.onError)
 			return
 		}
-		// The answer completes once the slot is back (permit.AnswerWait at
-		// most); a failed release is logged by the Leaser.
-		defer p.releaseWithin(r.Context())
+		defer p.held.ReleaseWithin(r.Context())
 		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -378,9 +333,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		respond.Database(w, r, err)
 		return
 	}
-	retry := problem.RetryAfterSeconds(e.RetryAfter)
+	retry := retryafter.Seconds(e.RetryAfter)
 	problem.Write(w, &problem.Details{
-		Slug:       SlugTooMany,
+		Slug:       slugTooMany,
 		Title:      "Too many requests in flight",
 		Status:     http.StatusTooManyRequests,
 		Detail:     fmt.Sprintf("This token already has %d requests in flight, its limit; retry when one ends.", e.Limit),

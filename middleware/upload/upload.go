@@ -1,11 +1,11 @@
 // Package upload limits a user's uploads in any rolling window across every
-// replica of a service (ADR-0196 decision 5): by default at most 5 uploads
-// per user in any hour.
+// replica of a service: by default at most 5 uploads per user in any hour.
 //
 // It is built on permit.Leaser over the UNLOGGED upload_window table. Each
 // upload claims one of the user's Limit slots, leased for the Window, and a
-// successful upload keeps its slot until the lease lapses. Slots are
-// claimed one at a time per user (the permit claim's advisory lock) and
+// successful upload keeps its slot until the lease lapses. A user never
+// holds more than Limit live slots (a claim takes a slot only while fewer
+// are live, and the primary key gives each slot one holder) and slots
 // lapse on the database clock, so the bound is a true rolling one: at most
 // Limit uploads start in any interval of length Window, never the 2×Limit a
 // fixed window lets through around its boundary. A refused upload gets 429
@@ -39,6 +39,14 @@
 // database-unavailable), anything else (500, logged through
 // Options.Logger, never sent). A client that went away gets nothing.
 //
+// # Cost and failures
+//
+// An upload costs one write transaction, the claim (a rejected one a
+// second, the give-back). Its slot lives in an UNLOGGED table: a crash of
+// the database empties the windows, which lets users upload again (a short
+// reprieve). A database that cannot be reached or does not answer within
+// Options.Timeout fails the request (503).
+//
 // A Limiter is safe for concurrent use.
 package upload
 
@@ -56,22 +64,15 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
-// SlugTooMany is the problem type slug of a refused upload.
-const SlugTooMany = "too-many-uploads"
-
-// Defaults of Options.
-const (
-	DefaultName    = "uploads"
-	DefaultLimit   = 5
-	DefaultWindow  = time.Hour
-	DefaultTimeout = 5 * time.Second
-)
+// slugTooMany is the problem type slug of a refused upload.
+const slugTooMany = "too-many-uploads"
 
 // Options configure a Limiter.
 type Options struct {
@@ -124,47 +125,32 @@ const scopeUser = "user"
 
 // Limiter counts uploads. It is safe for concurrent use.
 type Limiter struct {
-	leaser  *permit.Leaser
-	name    string
+	core    *slots.Limiter
 	limit   int
 	window  time.Duration
-	timeout time.Duration
 	key     func(*http.Request) (string, bool)
 	counts  func(int) bool
 	onError func(http.ResponseWriter, *http.Request, error)
-	log     *slog.Logger
-	obs     *observe.Limit
 }
 
 // New returns a Limiter keeping its slots in pool's database. It checks
 // opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
-	if pool == nil {
-		return nil, errors.New("upload: nil pool")
-	}
 	if opts.Key == nil {
 		return nil, errors.New("upload: Options.Key is required")
 	}
 	if opts.Name == "" {
-		opts.Name = DefaultName
+		opts.Name = "uploads"
 	}
 	if opts.Limit == 0 {
-		opts.Limit = DefaultLimit
-	}
-	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
-		return nil, fmt.Errorf("upload: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
+		opts.Limit = 5
 	}
 	if opts.Window == 0 {
-		opts.Window = DefaultWindow
+		opts.Window = time.Hour
 	}
-	if opts.Window < time.Millisecond {
-		return nil, fmt.Errorf("upload: Window %v below a millisecond", opts.Window)
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("upload: negative Timeout")
+	if err := errors.Join(slots.CheckCap("upload", "Limit", opts.Limit),
+		slots.CheckDuration("upload", "Window", opts.Window)); err != nil {
+		return nil, err
 	}
 	if opts.Counts == nil {
 		opts.Counts = func(status int) bool { return status >= 200 && status < 300 }
@@ -172,34 +158,21 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeUser}, DryRun: opts.DryRun,
-		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, fmt.Errorf("upload: %w", err)
-	}
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.UploadWindow, Replica: opts.Replica, Timeout: opts.Timeout,
-		Logger: opts.Logger, OnRelease: obs.Released})
+	core, err := slots.New(pool, slots.Config{Pkg: "upload", Name: opts.Name, Kind: permit.UploadWindow,
+		Scopes: []string{scopeUser}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
+		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{leaser: leaser, name: opts.Name, limit: opts.Limit, window: opts.Window, timeout: opts.Timeout,
-		key: opts.Key, counts: opts.Counts, onError: opts.OnError, log: opts.Logger, obs: obs}, nil
+	return &Limiter{core: core, limit: opts.Limit, window: opts.Window, key: opts.Key, counts: opts.Counts,
+		onError: opts.OnError}, nil
 }
 
 // Name is the limit's name.
-func (l *Limiter) Name() string { return l.name }
+func (l *Limiter) Name() string { return l.core.Name }
 
-// Limit is the number of uploads allowed in any window.
-func (l *Limiter) Limit() int { return l.limit }
-
-// Window is the length of the rolling window.
-func (l *Limiter) Window() time.Duration { return l.window }
-
-// Scope is the scope key of key's slots in upload_window.
-func Scope(key string) string { return permit.ScopeKey("upload", key) }
+// scopeOf is the scope key of key's slots in upload_window.
+func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
 
 // LimitError is a refused upload.
 type LimitError struct {
@@ -224,7 +197,7 @@ func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited
 // Permit is one upload counted in a key's window. Keeping it needs
 // nothing: it lapses on its own when it leaves the window.
 type Permit struct {
-	lease   *permit.Lease // nil for a dry-run refusal
+	held    slots.Held // none for a dry-run refusal
 	refusal *LimitError
 }
 
@@ -233,23 +206,15 @@ type Permit struct {
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
 // Release gives the slot back: the upload failed and must not count. It
-// waits until the database has it back, or ctx ends
-// (permit.Lease.Release); a release that fails is logged, and the slot then
-// lapses with the window. One whose ctx ended goes on without the caller
-// (Limiter.Flush waits for it). It is safe to call more than once.
+// waits until the database has it back, or ctx ends; a release that fails
+// is logged, and the slot then lapses with the window. One whose ctx ended
+// goes on without the caller (Limiter.Flush waits for it). It is safe to
+// call more than once.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil || p.lease == nil {
+	if p == nil {
 		return nil
 	}
-	return p.lease.Release(ctx)
-}
-
-// releaseWithin is the Handler's release: Release waiting permit.AnswerWait
-// at most.
-func (p *Permit) releaseWithin(ctx context.Context) {
-	if p != nil && p.lease != nil {
-		_ = p.lease.ReleaseWithin(ctx, permit.AnswerWait)
-	}
+	return p.held.Release(ctx)
 }
 
 // Acquire counts an upload of key, for callers that are not HTTP handlers.
@@ -258,35 +223,27 @@ func (p *Permit) releaseWithin(ctx context.Context) {
 // instead, whose Refusal says so; any other error is the database's
 // (pglimit.Classify) or ctx's. Release the permit if the upload fails.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
-	if key == "" {
-		return nil, errors.New("upload: empty key")
+	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
+		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit}},
+		Holder: key, Endpoint: l.core.Name, Lease: l.window,
+	}, func(*slots.Refused) string { return scopeUser }, "cap", l.limit)
+	switch {
+	case err != nil:
+		return nil, err
+	case refused == nil:
+		return &Permit{held: held}, nil
 	}
-	start := time.Now()
-	lease, err := l.leaser.Claim(ctx, permit.Claim{
-		Scopes: []permit.Scope{{Key: Scope(key), Cap: l.limit}},
-		Holder: key, Endpoint: l.name, Lease: l.window,
-	})
-	l.obs.Took(ctx, observe.Claim, start)
-	if err != nil {
-		var refused *permit.RefusedError
-		if !errors.As(err, &refused) {
-			l.obs.Failed(ctx, scopeUser, err)
-			return nil, err
-		}
-		le := &LimitError{Name: l.name, Limit: l.limit, Window: l.window, RetryAfter: max(time.Second, refused.FirstLapse)}
-		if !l.obs.Refused(ctx, scopeUser, key, "cap", l.limit) {
-			return nil, le
-		}
-		return &Permit{refusal: le}, nil
+	le := &LimitError{Name: l.core.Name, Limit: l.limit, Window: l.window, RetryAfter: slots.RetryAfter(refused, 0)}
+	if !letThrough {
+		return nil, le
 	}
-	l.obs.Granted(ctx, scopeUser)
-	return &Permit{lease: lease}, nil
+	return &Permit{refusal: le}, nil
 }
 
-// Flush waits until every slot given back so far has reached the database
-// (see permit.Leaser.Flush). Call it at shutdown, after the server stopped
-// serving, so that no give-back is lost with the process.
-func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
+// Flush waits until every slot given back so far has reached the database.
+// Call it at shutdown, after the server stopped serving, so that no
+// give-back is lost with the process.
+func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 
 // Handler counts every request to next as an upload of its key: it claims
 // a slot first (429 when the key has none left), and gives it back when
@@ -301,10 +258,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		slot, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			if !errors.Is(err, pglimit.ErrLimited) {
-				respond.Log(r.Context(), l.log, "upload: claim failed", err, "limit", l.name)
-			}
-			l.onError(w, r, err)
+			l.core.Fail(w, r, err, l.onError)
 			return
 		}
 		sw := &statusWriter{ResponseWriter: w}
@@ -322,7 +276,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			}
 			// The answer completes once the slot is back (permit.AnswerWait
 			// at most); a failure is logged by the Leaser.
-			slot.releaseWithin(r.Context())
+			slot.held.ReleaseWithin(r.Context())
 		}()
 		next.ServeHTTP(sw, req)
 		// Only reached when next returned (no panic).
@@ -382,9 +336,9 @@ func (w *statusWriter) Flush() {
 	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
 
-// FormatWindow names a window the way refusals do: "hour", "2 hours",
+// formatWindow names a window the way refusals do: "hour", "2 hours",
 // "15 minutes", "2 seconds", or as Go writes a duration ("1.5s").
-func FormatWindow(d time.Duration) string {
+func formatWindow(d time.Duration) string {
 	for _, u := range []struct {
 		d    time.Duration
 		name string
@@ -417,13 +371,13 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		respond.Database(w, r, err)
 		return
 	}
-	retry := problem.RetryAfterSeconds(e.RetryAfter)
+	retry := retryafter.Seconds(e.RetryAfter)
 	problem.Write(w, &problem.Details{
-		Slug:   SlugTooMany,
+		Slug:   slugTooMany,
 		Title:  "Too many uploads",
 		Status: http.StatusTooManyRequests,
 		Detail: fmt.Sprintf("You made %d uploads in the last %s, your limit; the oldest of them leaves the window in %d seconds.",
-			e.Limit, FormatWindow(e.Window), retry),
+			e.Limit, formatWindow(e.Window), retry),
 		Instance:   r.URL.Path,
 		RetryAfter: time.Duration(retry) * time.Second,
 		Extensions: map[string]any{"limit": e.Limit, "retryAfter": retry},

@@ -23,8 +23,8 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/middleware/upload"
-	"github.com/pglimit/pglimit/problem"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
@@ -50,7 +50,7 @@ func (p *plugins) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch string(body) {
 	case "bad":
-		problem.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file is not a plugin.")
+		respond.BadRequest(w, "invalid-plugin", "Invalid plugin", "The file is not a plugin.")
 		return
 	case "panic":
 		panic("plugin parser crashed")

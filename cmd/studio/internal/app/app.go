@@ -314,7 +314,7 @@ func (a *App) setupLimits() error {
 		Replica:       cfg.ReplicaName,
 		Logger:        a.log,
 		MeterProvider: a.meters,
-		DryRun:        cfg.DryRun[upload.DefaultName],
+		DryRun:        cfg.DryRun["uploads"],
 	})
 	if err != nil {
 		return err
@@ -326,7 +326,7 @@ func (a *App) setupLimits() error {
 		Replica:       cfg.ReplicaName,
 		Logger:        a.log,
 		MeterProvider: a.meters,
-		DryRun:        cfg.DryRun[inflight.DefaultName],
+		DryRun:        cfg.DryRun["in-flight"],
 	})
 	if err != nil || cfg.APIRate.Limit == 0 {
 		return err
@@ -355,7 +355,7 @@ func (a *App) rateLimited(next http.Handler) http.Handler {
 
 // installationCap is the cap over all heavy requests of all replicas:
 // max(1, -pool-max-conns / 4).
-func (a *App) installationCap() int { return heavy.DefaultInstallationLimit(int32(a.cfg.PoolMaxConns)) }
+func (a *App) installationCap() int { return max(1, a.cfg.PoolMaxConns/4) }
 
 // Handler is the service's HTTP handler.
 func (a *App) Handler() http.Handler { return a.handler }

@@ -131,7 +131,7 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if mark.Bound == heavy.BoundTime && mark.Rows == 0 {
-		heavy.WriteError(w, r, &heavy.TimeoutError{Endpoint: b.Endpoint, Limit: b.Time})
+		heavy.WriteError(w, r, heavy.ErrTimedOut)
 		return
 	}
 	if mark.Partial() {

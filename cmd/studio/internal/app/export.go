@@ -93,11 +93,10 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 			return a.streamExport(ctx, tx, from, to, b, &mark, cw, rc, start)
 		})
 	})
-	var te *heavy.TimeoutError
-	if err != nil && !started && errors.As(err, &te) {
+	if err != nil && !started && errors.Is(err, heavy.ErrTimedOut) {
 		// The bound stopped the read before it had a row: a 503 and, in the
 		// audit trail, an export stopped by its time bound with no rows.
-		mark, err = heavy.Mark{Bound: heavy.BoundTime, Limit: heavy.FormatLimit(te.Limit)}, nil
+		mark, err = heavy.Mark{Bound: heavy.BoundTime, Limit: formatBound(b.Time)}, nil
 	}
 	if err != nil && !started {
 		a.heavyError(w, r, err)
@@ -105,7 +104,7 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if mark.Bound == heavy.BoundTime && mark.Rows == 0 {
-		heavy.WriteError(w, r, &heavy.TimeoutError{Endpoint: b.Endpoint, Limit: b.Time})
+		heavy.WriteError(w, r, heavy.ErrTimedOut)
 		a.recordExport(ctx, from, to, mark, "")
 		return
 	}
@@ -232,4 +231,13 @@ func (a *App) recordExport(ctx context.Context, from, to time.Time, m heavy.Mark
 	}); err != nil {
 		a.log.WarnContext(ctx, "audit.export event not recorded", "err", err)
 	}
+}
+
+// formatBound writes a time bound as heavy's marks and problems do: whole
+// seconds as "30s", anything finer as Go writes it ("1.5s", "250ms").
+func formatBound(d time.Duration) string {
+	if d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return d.String()
 }

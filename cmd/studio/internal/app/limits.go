@@ -87,7 +87,7 @@ const refusalMinutes = 15
 func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	resp := &limitsResponse{
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
-		InstallationCap: a.endpoints.sqlConsole.InstallationLimit(), DryRun: []string{}, Replica: a.cfg.ReplicaName,
+		InstallationCap: a.installationCap(), DryRun: []string{}, Replica: a.cfg.ReplicaName,
 	}
 	for _, n := range LimitNames {
 		if a.cfg.DryRun[n] {

@@ -10,8 +10,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/pglimit/pglimit/middleware/upload"
 )
 
 //go:embed limits.html
@@ -135,9 +133,9 @@ func (a *App) live(w http.ResponseWriter, r *http.Request) (*liveView, bool) {
 	}
 	v := &liveView{
 		Replica: l.Replica, Now: time.Now(), Throttles: l.Throttles, Replicas: l.Replicas, ReadyReplicas: l.ReadyReplicas,
-		InstallationCap: l.InstallationCap, InFlight: l.InFlight, InFlightCap: a.inflight.Limit(),
-		UploadLimit: a.uploads.Limit(), UploadWindow: upload.FormatWindow(a.uploads.Window()),
-		SignInLimit: a.cfg.SignInFailures, SignInWindow: upload.FormatWindow(a.cfg.SignInWindow),
+		InstallationCap: l.InstallationCap, InFlight: l.InFlight, InFlightCap: a.cfg.TokenInFlight,
+		UploadLimit: a.cfg.UploadsPerHour, UploadWindow: formatWindow(a.cfg.UploadWindow),
+		SignInLimit: a.cfg.SignInFailures, SignInWindow: formatWindow(a.cfg.SignInWindow),
 	}
 	if l.ReadReplica != nil {
 		v.ReadReplica = map[bool]string{true: "answers; history reads go to it", false: "does not answer; history reads go to the primary"}[*l.ReadReplica]
@@ -237,4 +235,21 @@ func refusalChart(name string, minutes []time.Time, refused, dry []int64) templa
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // built from numbers, times and the escaped name only
+}
+
+// formatWindow names a window as the page does: "hour", "2 hours",
+// "15 minutes", "2 seconds", or as Go writes a duration ("1.5s").
+func formatWindow(d time.Duration) string {
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
+		if d >= u.d && d%u.d == 0 {
+			if n := d / u.d; n > 1 {
+				return fmt.Sprintf("%d %ss", n, u.name)
+			}
+			return u.name
+		}
+	}
+	return d.String()
 }

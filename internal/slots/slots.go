@@ -1,0 +1,170 @@
+// Package slots is the core the slot limiters — middleware/heavy,
+// middleware/inflight and middleware/upload — are thin over: the options
+// they share, checked the same way, the claim of a permit.Leaser with its
+// metrics, dry run and refusal, the held slot a Permit wraps, and the
+// failure path of a Handler. What differs between the three (the scopes,
+// the lease, what a refusal says, what the Handler does around next) stays
+// in each package.
+package slots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/permit"
+)
+
+// DefaultTimeout is the default Options.Timeout of every slot limiter.
+const DefaultTimeout = 5 * time.Second
+
+// Config is what a slot limiter's New hands the core: the shared fields of
+// its Options, and what the package sets itself.
+type Config struct {
+	// Pkg prefixes the errors ("heavy", "inflight", "upload").
+	Pkg string
+	// Name is the limit's name.
+	Name string
+	// Kind is the kind of slots (permit.HeavyPermit, ...).
+	Kind permit.Kind
+	// Scopes are the kinds of scope its decisions are counted in (the
+	// first is a grant's).
+	Scopes []string
+	// The fields of the package's Options of the same names.
+	Replica       string
+	Timeout       time.Duration
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+	DryRun        bool
+}
+
+// Limiter is the core of one slot limiter. It is safe for concurrent use.
+type Limiter struct {
+	Pkg, Name string
+	Log       *slog.Logger
+	leaser    *permit.Leaser
+	obs       *observe.Limit
+	scope     string
+}
+
+// New checks the shared options (a nil pool, a negative Timeout), fills
+// their defaults, and makes the limiter's metrics and Leaser.
+func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%s: nil pool", c.Pkg)
+	}
+	if c.Timeout < 0 {
+		return nil, fmt.Errorf("%s: negative Timeout", c.Pkg)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	obs, err := observe.New(observe.Options{Name: c.Name, Scopes: c.Scopes, DryRun: c.DryRun,
+		MeterProvider: c.MeterProvider, Logger: c.Logger, DB: pool, Timeout: c.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
+	}
+	leaser, err := permit.New(pool, permit.Options{Kind: c.Kind, Replica: c.Replica, Timeout: c.Timeout,
+		Logger: c.Logger, OnRelease: obs.Released})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
+	}
+	return &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0]}, nil
+}
+
+// CheckCap reports a cap outside 1..pglimit.MaxLimit, naming the field.
+func CheckCap(pkg, field string, n int) error {
+	if n < 1 || n > pglimit.MaxLimit {
+		return fmt.Errorf("%s: %s %d outside 1..pglimit.MaxLimit (%d)", pkg, field, n, pglimit.MaxLimit)
+	}
+	return nil
+}
+
+// CheckDuration reports a duration below a millisecond, naming the field.
+func CheckDuration(pkg, field string, d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("%s: %s %v below a millisecond", pkg, field, d)
+	}
+	return nil
+}
+
+// Refused is a claim the scopes had no room for: the package makes its
+// LimitError of it.
+type Refused = permit.RefusedError
+
+// Claim claims c for key and counts the decision. On a refusal it returns
+// the Leaser's refusal and whether to let the request through anyway (dry
+// run: kindOf names the kind of scope it is counted in, args are logged);
+// any other error is the database's or ctx's.
+func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, kindOf func(*Refused) string, args ...any) (held Held, refused *Refused, letThrough bool, err error) {
+	if key == "" {
+		return Held{}, nil, false, fmt.Errorf("%s: empty key", l.Pkg)
+	}
+	start := time.Now()
+	lease, err := l.leaser.Claim(ctx, c)
+	l.obs.Took(ctx, observe.Claim, start)
+	if err != nil {
+		if !errors.As(err, &refused) {
+			l.obs.Failed(ctx, l.scope, err)
+			return Held{}, nil, false, err
+		}
+		return Held{}, refused, l.obs.Refused(ctx, kindOf(refused), key, args...), nil
+	}
+	l.obs.Granted(ctx, l.scope)
+	return Held{lease: lease}, nil, false, nil
+}
+
+// Flush waits until every slot released so far has reached the database
+// (permit.Leaser.Flush).
+func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
+
+// Fail answers a request whose claim failed: a failure that is not a
+// refusal is logged first, then onError writes the answer.
+func (l *Limiter) Fail(w http.ResponseWriter, r *http.Request, err error, onError func(http.ResponseWriter, *http.Request, error)) {
+	if !errors.Is(err, pglimit.ErrLimited) {
+		respond.Log(r.Context(), l.Log, l.Pkg+": claim failed", err, "limit", l.Name)
+	}
+	onError(w, r, err)
+}
+
+// Held is the slots a Permit holds; the zero Held holds none (a dry-run
+// refusal).
+type Held struct{ lease *permit.Lease }
+
+// Release gives the slots back and waits until the database has them, or
+// ctx ends (permit.Lease.Release). It is safe on the zero Held and more
+// than once.
+func (h Held) Release(ctx context.Context) error {
+	if h.lease == nil {
+		return nil
+	}
+	return h.lease.Release(ctx)
+}
+
+// ReleaseWithin is a Handler's release before the answer completes:
+// Release waiting permit.AnswerWait at most (a failure is logged by the
+// Leaser).
+func (h Held) ReleaseWithin(ctx context.Context) {
+	if h.lease != nil {
+		_ = h.lease.ReleaseWithin(ctx, permit.AnswerWait)
+	}
+}
+
+// RetryAfter is a refusal's wait: until the first slot of the refusing
+// scope lapses, less grace (the slot's holder ends its work by then), at
+// least a second.
+func RetryAfter(r *Refused, grace time.Duration) time.Duration {
+	return max(time.Second, r.FirstLapse-grace)
+}

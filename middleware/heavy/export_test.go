@@ -1,0 +1,9 @@
+package heavy
+
+// What the tests reach that an adopter does not.
+
+// FormatLimit writes a time bound as marks and problems name it.
+var FormatLimit = formatLimit
+
+// InstallationLimit is the cap over all heavy requests of all replicas.
+func (l *Limiter) InstallationLimit() int { return l.instCap }
