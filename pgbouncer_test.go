@@ -4,7 +4,7 @@ package pglimit_test
 // connection is a client's for one transaction only and named prepared
 // statements do not follow a client from one server connection to the next
 // (protocol-level prepared statements came with PgBouncer 1.21's
-// max_prepared_statements). The README's "Behind PgBouncer" says what these
+// max_prepared_statements). docs/operations.md, "Behind PgBouncer", says what these
 // tests measure.
 
 import (
