@@ -14,26 +14,32 @@
 //
 // # One round trip, shared
 //
-// A claim is one round trip: a pgx Batch that takes a transaction-scoped
-// advisory lock per scope and then runs one INSERT ... ON CONFLICT DO
-// UPDATE ... WHERE expired over the free slots of 1..cap (the SQL, with
-// why it is shaped so, is in sql/queries/slot.sql). The lock makes claims
-// of one scope take turns across replicas, so a claim is refused only when
-// the scope really is full (no false refusals), and the primary key (kind,
-// scope, slot) makes a second holder of a slot impossible (no over-grants).
+// A claim is one round trip: one INSERT ... ON CONFLICT DO UPDATE ...
+// over the lowest free slot of each of its scopes, taking a lapsed holder's
+// row in place (the SQL, with why it is shaped so, is in
+// sql/queries/slot.sql). The primary key (kind, scope, slot) makes a
+// second holder of a slot impossible (no over-grants). A claim's first
+// try takes no lock: two claims of one scope that arrive together may pick
+// the same free slot, and the one that loses takes nothing (not half of
+// its scopes either) and is judged again under a transaction-scoped
+// advisory lock per scope, which makes claims of one scope take turns
+// across replicas, so a claim is refused only when the scope really is
+// full (no false refusals).
 //
 // Claims and releases of one Leaser that arrive while its previous round
 // trip is in flight wait for it and then travel together, in one batch:
-// one lock statement, one claim statement and one commit for all of them,
-// judged in the order they arrived. A lone caller pays one round trip and
+// one claim statement and one commit for all of them, judged in the order
+// they arrived. A lone caller pays one round trip on its own goroutine and
 // waits for nobody; under load the cost of a round trip is shared (group
 // commit). Every caller still learns its own outcome, and a claim is never
 // refused because of the company it travelled with.
 //
 // # Releases
 //
-// Release sends the release at once, in a round trip of its own or in the
-// one about to leave (before that batch's claims), and waits until it has
+// Release sends the release at once, in a round trip of its own (one
+// statement, by the primary key of its slots, on the caller's goroutine
+// when nothing else of the Leaser is on its way) or in the one about to
+// leave (before that batch's claims), and waits until it has
 // landed, so that a caller who answered after Release returned has given
 // its slots back on every replica: a client that got its answer and sends
 // the next request is never refused for the slot it just held. A claim the
@@ -57,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,7 +151,10 @@ type Options struct {
 	Replica string
 	// Timeout bounds each round trip (a batch of claims and releases),
 	// waiting for a scope's lock included, so a database that stops
-	// answering fails a claim within it instead of hanging it. Default 5s.
+	// answering fails a claim within it instead of hanging it (the bound
+	// is shared by the round trips that start close together, and may end
+	// up to Timeout/32 later than Timeout after a round trip's start).
+	// Default 5s.
 	Timeout time.Duration
 	// MaxBatch is the most claims and releases one round trip carries.
 	// Default 64.
@@ -196,13 +206,16 @@ type Leaser struct {
 	q        *db.Queries
 	log      *slog.Logger
 	onRel    func(time.Duration, error)
+	bound    coarse // each round trip's bound: timeout
+	answer   coarse // ReleaseWithin's bound: AnswerWait
 
 	mu        sync.Mutex
 	queue     []*op
-	flushers  int              // goroutines sending batches; at most maxFlushers
-	seq       uint64           // ops queued so far
-	pending   map[*op]struct{} // ops queued or in flight (Flush waits for them)
-	releasing map[string]int   // scope key -> releases of it in flight
+	flushers  int                  // goroutines sending batches; at most maxFlushers
+	seq       uint64               // ops queued so far
+	pending   map[*op]struct{}     // ops queued or in flight (Flush waits for them)
+	releasing map[string]int       // scope key -> releases of it in flight
+	contended map[string]time.Time // scope key -> until when its claims take the lock first
 }
 
 // maxFlushers is how many batches of one Leaser may be in flight at once:
@@ -233,8 +246,9 @@ func New(pool DB, opts Options) (*Leaser, error) {
 		opts.Logger = slog.Default()
 	}
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
-		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease,
-		pending: map[*op]struct{}{}, releasing: map[string]int{}}, nil
+		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease, bound: coarse{d: opts.Timeout, own: true},
+		answer:  coarse{d: AnswerWait},
+		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}, nil
 }
 
 // Kind returns the kind of slot the Leaser writes.
@@ -249,7 +263,9 @@ type Lease struct {
 	Slots []int
 
 	leaser  *Leaser
-	keys    []string
+	keys    []string           // the claim's scope keys
+	held    []string           // the keys as stored (storedKey)
+	slotNos []int              // Slots, as granted
 	release atomic.Pointer[op] // the release, once Release was called
 }
 
@@ -274,11 +290,11 @@ func (l *Leaser) Claim(ctx context.Context, c Claim) (*Lease, error) {
 	if o.refused != nil {
 		return nil, o.refused
 	}
-	keys := make([]string, len(c.Scopes))
+	keys, held := make([]string, len(c.Scopes)), make([]string, len(c.Scopes))
 	for i, s := range c.Scopes {
-		keys[i] = s.Key
+		keys[i], held[i] = s.Key, o.claim.Scopes[i].Key
 	}
-	return &Lease{ID: o.id, Slots: o.slots, leaser: l, keys: keys}, nil
+	return &Lease{ID: o.id, Slots: o.slots, leaser: l, keys: keys, held: held, slotNos: slices.Clone(o.slots)}, nil
 }
 
 func validate(c Claim) error {
@@ -307,17 +323,31 @@ func validate(c Claim) error {
 // and every call waits for that release and returns its outcome. It is
 // safe after the lease lapsed: it never deletes a slot someone else has
 // claimed since.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) error { return l.releaseBy(ctx, nil) }
+
+// releaseBy is Release that also stops waiting when bound ends (nil: it
+// never does), with bound's error.
+func (l *Lease) releaseBy(ctx, bound context.Context) error {
 	if l == nil || l.leaser == nil {
 		return nil
 	}
 	o := l.release.Load()
 	if o == nil {
-		mine := &op{release: l.keys, id: l.ID, done: make(chan struct{})}
+		mine := &op{release: l.held, slotNos: l.slotNos, id: l.ID, done: make(chan struct{})}
 		if l.release.CompareAndSwap(nil, mine) {
-			l.leaser.enqueue(mine)
+			rctx := ctx
+			if bound != nil {
+				var stop func()
+				rctx, stop = either(ctx, bound)
+				defer stop()
+			}
+			l.leaser.releaseNow(rctx, mine)
 		}
 		o = l.release.Load()
+	}
+	var boundDone <-chan struct{}
+	if bound != nil {
+		boundDone = bound.Done()
 	}
 	select {
 	case <-o.done:
@@ -326,6 +356,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		case <-o.done: // landed as ctx ended: keep the outcome
 		default:
 			return ctx.Err()
+		}
+	case <-boundDone:
+		select {
+		case <-o.done:
+		default:
+			return bound.Err()
 		}
 	}
 	if o.err != nil {
@@ -336,11 +372,18 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // ReleaseWithin is Release waiting at most d (and no longer than ctx):
 // past d the release goes on without the caller. The Handlers release with
-// it and AnswerWait before their answer completes.
+// it and AnswerWait before their answer completes. (With d = AnswerWait it
+// waits between d and d + d/32, and costs no timer of its own.)
 func (l *Lease) ReleaseWithin(ctx context.Context, d time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
+	if l == nil || l.leaser == nil {
+		return nil
+	}
+	if d == AnswerWait {
+		return l.releaseBy(ctx, l.leaser.answer.get())
+	}
+	bound, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	return l.Release(ctx)
+	return l.releaseBy(ctx, bound)
 }
 
 // Held is one live slot, as operators see it.
@@ -379,12 +422,22 @@ func List(ctx context.Context, pool db.DBTX, kind Kind) ([]Held, error) {
 // ScopeKey joins parts into a scope key, escaping the separator so that
 // ("a:b", "c") and ("a", "b:c") never name the same scope.
 func ScopeKey(parts ...string) string {
+	plain := true
+	for _, p := range parts {
+		plain = plain && !strings.ContainsAny(p, `\:`)
+	}
+	if plain {
+		return strings.Join(parts, ":")
+	}
 	esc := make([]string, len(parts))
 	for i, p := range parts {
-		esc[i] = strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(p)
+		esc[i] = keyEscaper.Replace(p)
 	}
 	return strings.Join(esc, ":")
 }
+
+// keyEscaper escapes the separator of ScopeKey's parts (and the escape).
+var keyEscaper = strings.NewReplacer(`\`, `\\`, `:`, `\:`)
 
 // storable makes a text the database stores whatever it holds: valid UTF-8
 // without NUL (PostgreSQL text refuses both), at most 200 bytes.

@@ -43,8 +43,10 @@ func parts(name string, n int, more ...floorPart) []floorPart {
 // decision that needs no statement against the in-process baselines and
 // redis_rate.
 var floors = []floor{
-	{path: "heavy claim+release", parts: parts(bench.NameUpsert, 2), p50: 3.0},
-	{path: "in-flight claim+release", parts: parts(bench.NameUpsert, 2), p50: 2.7, ops: 0.8},
+	// Issue 19's goals are in upserts: heavy 3.0, in-flight 2.7 (of a floor
+	// of two), upload 1.4 (of one).
+	{path: "heavy claim+release", parts: parts(bench.NameUpsert, 2), p50: 3.0 / 2},
+	{path: "in-flight claim+release", parts: parts(bench.NameUpsert, 2), p50: 2.7 / 2, ops: 0.8},
 	{path: "upload claim", parts: parts(bench.NameUpsert, 1), p50: 1.4},
 	{path: "failure record", parts: parts(bench.NameSelect1, 1, floorPart{bench.NameUpsert, 1}), p50: 1.25},
 	{path: bench.NameStrictFailure, parts: parts(bench.NameUpsert, 1)},
