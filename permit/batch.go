@@ -16,7 +16,7 @@ import (
 // for one Exec...Exec, Query sequence (then check closeErr: the error, if
 // any, of the batch's end, its commit) or one Exec...Exec, send.
 type batch struct {
-	conn     DB
+	conn     dbtx
 	b        pgx.Batch
 	closeErr error
 }

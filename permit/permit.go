@@ -71,6 +71,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
@@ -91,27 +92,22 @@ const (
 	UploadWindow Kind = "upload_window"
 )
 
-// AnswerWait is how long the middlewares' Handlers keep an answer waiting
-// for its release (ReleaseWithin): long enough for a release to land, so a
-// client that got its answer never finds its own slot held, short enough
-// that a database that stopped answering delays the answer by at most this
-// much while the release goes on under the Leaser's Timeout.
-const AnswerWait = time.Second
+// answerWait is the wait ReleaseWithin keeps a timer of its own for: the
+// middlewares' Handlers keep an answer waiting that long for its release.
+const answerWait = time.Second
 
-// MaxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
+// maxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
 // of every cap in every package.
-const MaxCap = pglimit.MaxLimit
+const maxCap = pglimit.MaxLimit
 
 // Defaults of Options.
 const (
-	DefaultTimeout  = 5 * time.Second
-	DefaultMaxBatch = 64
+	defaultTimeout  = 5 * time.Second
+	defaultMaxBatch = 64
 )
 
-// DB is what a Leaser runs on: a *pgxpool.Pool (or a *pgx.Conn). Give it the
-// pool, never the request's transaction: a claim on it would be rolled back
-// with it, and the Leaser runs other callers' claims on it too.
-type DB interface {
+// dbtx is what a Leaser runs on: the pool New is given.
+type dbtx interface {
 	db.DBTX
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
@@ -120,7 +116,7 @@ type DB interface {
 type Scope struct {
 	// Key names the scope, e.g. "user:sql-console:alice" or "installation".
 	Key string
-	// Cap is the number of slots of the scope, 1..MaxCap.
+	// Cap is the number of slots of the scope, 1..maxCap.
 	Cap int
 }
 
@@ -172,10 +168,10 @@ type Options struct {
 // ErrRefused is matched (errors.Is) by every *RefusedError.
 var ErrRefused = errors.New("permit: no free slot")
 
-// ErrInvalidClaim is returned for a claim that could never be granted: no
+// errInvalidClaim is returned for a claim that could never be granted: no
 // scope or more than two, an empty or repeated key, a cap outside
-// 1..MaxCap or a lease that is not positive.
-var ErrInvalidClaim = errors.New("permit: invalid claim")
+// 1..maxCap or a lease that is not positive.
+var errInvalidClaim = errors.New("permit: invalid claim")
 
 // RefusedError says which scope had no free slot.
 type RefusedError struct {
@@ -198,7 +194,7 @@ func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
 // Leaser claims and releases slots of one kind. It is safe for concurrent
 // use.
 type Leaser struct {
-	pool     DB
+	pool     dbtx
 	kind     Kind
 	replica  string
 	timeout  time.Duration
@@ -207,7 +203,7 @@ type Leaser struct {
 	log      *slog.Logger
 	onRel    func(time.Duration, error)
 	bound    coarse // each round trip's bound: timeout
-	answer   coarse // ReleaseWithin's bound: AnswerWait
+	answer   coarse // ReleaseWithin's bound: answerWait
 
 	mu        sync.Mutex
 	queue     []*op
@@ -223,7 +219,7 @@ type Leaser struct {
 const maxFlushers = 2
 
 // New returns a Leaser over pool.
-func New(pool DB, opts Options) (*Leaser, error) {
+func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
 	if pool == nil {
 		return nil, errors.New("permit: nil pool")
 	}
@@ -237,22 +233,19 @@ func New(pool DB, opts Options) (*Leaser, error) {
 		return nil, errors.New("permit: negative Timeout or MaxBatch")
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	if opts.MaxBatch == 0 {
-		opts.MaxBatch = DefaultMaxBatch
+		opts.MaxBatch = defaultMaxBatch
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
 		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease, bound: coarse{d: opts.Timeout, own: true},
-		answer:  coarse{d: AnswerWait},
+		answer:  coarse{d: answerWait},
 		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}, nil
 }
-
-// Kind returns the kind of slot the Leaser writes.
-func (l *Leaser) Kind() Kind { return l.kind }
 
 // Lease is a granted claim. Release it when the work it guards ends.
 type Lease struct {
@@ -268,9 +261,6 @@ type Lease struct {
 	slotNos []int              // Slots, as granted
 	release atomic.Pointer[op] // the release, once Release was called
 }
-
-// Keys are the scope keys the lease holds slots in.
-func (l *Lease) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Claim takes one slot in every scope of c, or none. It returns a
 // *RefusedError (errors.Is(err, ErrRefused)) when a scope is full; any other
@@ -299,14 +289,14 @@ func (l *Leaser) Claim(ctx context.Context, c Claim) (*Lease, error) {
 
 func validate(c Claim) error {
 	if len(c.Scopes) == 0 || len(c.Scopes) > 2 || c.Lease <= 0 || c.Lease.Milliseconds() < 1 {
-		return ErrInvalidClaim
+		return errInvalidClaim
 	}
 	for i, s := range c.Scopes {
-		if s.Key == "" || s.Cap < 1 || s.Cap > MaxCap {
-			return ErrInvalidClaim
+		if s.Key == "" || s.Cap < 1 || s.Cap > maxCap {
+			return errInvalidClaim
 		}
 		if i == 1 && s.Key == c.Scopes[0].Key {
-			return ErrInvalidClaim
+			return errInvalidClaim
 		}
 	}
 	return nil
@@ -372,51 +362,18 @@ func (l *Lease) releaseBy(ctx, bound context.Context) error {
 
 // ReleaseWithin is Release waiting at most d (and no longer than ctx):
 // past d the release goes on without the caller. The Handlers release with
-// it and AnswerWait before their answer completes. (With d = AnswerWait it
+// it and answerWait before their answer completes. (With d = answerWait it
 // waits between d and d + d/32, and costs no timer of its own.)
 func (l *Lease) ReleaseWithin(ctx context.Context, d time.Duration) error {
 	if l == nil || l.leaser == nil {
 		return nil
 	}
-	if d == AnswerWait {
+	if d == answerWait {
 		return l.releaseBy(ctx, l.leaser.answer.get())
 	}
 	bound, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return l.releaseBy(ctx, bound)
-}
-
-// Held is one live slot, as operators see it.
-type Held struct {
-	Kind      Kind
-	Scope     string
-	Slot      int
-	Holder    string
-	Endpoint  string
-	Replica   string
-	ClaimedAt time.Time
-	ExpiresAt time.Time
-}
-
-// List returns the live slots of the Leaser's kind, by scope and slot: the
-// operator view.
-func (l *Leaser) List(ctx context.Context) ([]Held, error) {
-	return List(ctx, l.pool, l.kind)
-}
-
-// List returns the live slots of kind in pool's database, by scope and
-// slot.
-func List(ctx context.Context, pool db.DBTX, kind Kind) ([]Held, error) {
-	rows, err := db.New().SlotList(ctx, pool, string(kind))
-	if err != nil {
-		return nil, fmt.Errorf("permit: list %s: %w", kind, err)
-	}
-	out := make([]Held, len(rows))
-	for i, r := range rows {
-		out[i] = Held{Kind: kind, Scope: r.Scope, Slot: int(r.Slot), Holder: r.Holder, Endpoint: r.Endpoint,
-			Replica: r.Replica, ClaimedAt: r.ClaimedAt, ExpiresAt: r.ExpiresAt}
-	}
-	return out, nil
 }
 
 // ScopeKey joins parts into a scope key, escaping the separator so that

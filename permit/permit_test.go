@@ -280,7 +280,7 @@ func TestInvalidClaims(t *testing.T) {
 		"sub-ms lease":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: time.Microsecond},
 		"three scopes":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "b", Cap: 1}, {Key: "c", Cap: 1}}, Lease: time.Second},
 		"same key twice": {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "a", Cap: 1}}, Lease: time.Second},
-		"cap above max":  {Scopes: []permit.Scope{{Key: "a", Cap: permit.MaxCap + 1}}, Lease: time.Second},
+		"cap above max":  {Scopes: []permit.Scope{{Key: "a", Cap: pglimit.MaxLimit + 1}}, Lease: time.Second},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := l.Claim(context.Background(), c); !errors.Is(err, permit.ErrInvalidClaim) {
@@ -307,7 +307,7 @@ func TestScopeKeyIsInjective(t *testing.T) {
 
 // TestReleaseOnAFrozenDatabase freezes the database (SIGSTOP) while a
 // slot is held: Release waits no longer than its ctx (the Handlers give it
-// permit.AnswerWait) and the release goes on without it; Flush says the
+// the answer wait (1 s)) and the release goes on without it; Flush says the
 // release has not landed while the database stays frozen, and once it
 // answers again Flush sees the release to it and the slot is free to
 // another replica.
@@ -391,7 +391,7 @@ func TestReleasedSlotIsFreeOnEveryReplica(t *testing.T) {
 // TestClaimAfterOwnReleaseIsNeverRefused: a caller that releases and then
 // claims again on the same Leaser, at cap 1, is granted every time, even
 // when it stopped waiting for its release (a ctx already ended, as a
-// client gone or permit.AnswerWait passed): the release goes on without
+// client gone or the answer wait (1 s) passed): the release goes on without
 // it, and the claim may travel in another batch while the release is
 // still in flight (the pause between them, up to a few round trips, lands
 // claims in every phase of the release's round trip).

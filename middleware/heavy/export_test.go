@@ -7,3 +7,6 @@ var FormatLimit = formatLimit
 
 // InstallationLimit is the cap over all heavy requests of all replicas.
 func (l *Limiter) InstallationLimit() int { return l.instCap }
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.core.Name }

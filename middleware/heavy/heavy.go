@@ -203,8 +203,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		key: opts.Key, onError: opts.OnError}, nil
 }
 
-// Name is the endpoint's name.
-func (l *Limiter) Name() string { return l.core.Name }
 
 // installationScope is the scope key shared by all heavy endpoints.
 const installationScope = "installation"
@@ -324,7 +322,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			// Dry run: the headers the refusal would have had, no permit.
 			addRateLimitHeaders(w.Header(), p.refusal)
 		}
-		// The answer completes once the permits are back (permit.AnswerWait
+		// The answer completes once the permits are back (the answer wait (1 s)
 		// at most); a failed release is logged by the Leaser.
 		defer p.held.ReleaseWithin(r.Context())
 		ctx, cancel := NewContext(r.Context(), p.bounds)

@@ -582,7 +582,7 @@ func TestOnErrorWritesEveryResponse(t *testing.T) {
 
 // TestAnswerWaitsForAHungReleaseAtMostAnswerWait: the database freezes (SIGSTOP)
 // while a heavy request runs. Its answer waits for the release no longer
-// than permit.AnswerWait (1 s), and the release goes on: once
+// than the answer wait (1 s) (1 s), and the release goes on: once
 // the database answers again the user's one permit is free long before it
 // would lapse (time bound + 30 s).
 func TestAnswerWaitsForAHungReleaseAtMostAnswerWait(t *testing.T) {
@@ -624,7 +624,7 @@ func TestAnswerWaitsForAHungReleaseAtMostAnswerWait(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	// A behavioural bound: the answer waits for the release no longer than
-	// permit.AnswerWait (1 s), never for the release's 5 s Timeout.
+	// the answer wait (1 s) (1 s), never for the release's 5 s Timeout.
 	if waited > 4*time.Second {
 		t.Errorf("the answer waited %v for the release on a frozen database", waited)
 	}

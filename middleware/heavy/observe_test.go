@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
@@ -102,7 +103,7 @@ func TestDryRun(t *testing.T) {
 		if _, ok := heavy.FromContext(r.Context()); !ok {
 			t.Error("a dry-run request runs without its bounds")
 		}
-		rows, err := permit.List(r.Context(), pool, permit.HeavyPermit)
+		rows, err := db.New().SlotList(r.Context(), pool, string(permit.HeavyPermit))
 		if err != nil {
 			t.Error(err)
 		}

@@ -59,7 +59,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -175,8 +174,6 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 		key: opts.Key, onError: opts.OnError}, nil
 }
 
-// Name is the limit's name.
-func (l *Limiter) Name() string { return l.core.Name }
 
 // scopeOf is the scope key of key's slots in request_in_flight.
 func scopeOf(key string) string { return permit.ScopeKey("token", key) }
@@ -253,7 +250,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
 		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit}},
-		Holder: key, Endpoint: storable(endpoint), Lease: l.maxDur + l.grace,
+		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
 	}, func(*slots.Refused) string { return scopeToken }, "cap", l.limit, "endpoint", endpoint)
 	switch {
 	case err != nil:
@@ -300,20 +297,6 @@ func endpointOf(r *http.Request) string {
 		return r.Pattern
 	}
 	return r.Method + " " + r.URL.Path
-}
-
-// maxEndpointLen bounds the endpoint text stored on a slot.
-const maxEndpointLen = 200
-
-// storable makes an endpoint text the database stores whatever a client put
-// in the path: valid UTF-8 without NUL (PostgreSQL text refuses both), at
-// most maxEndpointLen bytes.
-func storable(s string) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) > maxEndpointLen {
-		s = strings.ToValidUTF8(s[:maxEndpointLen], "")
-	}
-	return s
 }
 
 // WriteError answers a failed request; it is the default Options.OnError:

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
@@ -54,7 +55,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 	}
 	var rows int
 	h := dry.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		held, err := permit.List(r.Context(), pool, permit.RequestInFlight)
+		held, err := db.New().SlotList(r.Context(), pool, string(permit.RequestInFlight))
 		if err != nil {
 			t.Error(err)
 		}

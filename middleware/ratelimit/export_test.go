@@ -9,3 +9,6 @@ var ErrInvalidCost = errInvalidCost
 
 // MaxPolicies bounds the policies of one request.
 const MaxPolicies = maxPolicies
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.name }

@@ -334,8 +334,6 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Name is the limiter's name.
-func (l *Limiter) Name() string { return l.name }
 
 // PolicyState is one policy of a decision and the key's state in it.
 type PolicyState struct {

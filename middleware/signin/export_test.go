@@ -18,3 +18,6 @@ func (l *Limiter) Limit() int { return l.max }
 
 // Window is how long failures count.
 func (l *Limiter) Window() time.Duration { return l.window }
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.name }

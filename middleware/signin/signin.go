@@ -299,8 +299,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	return l, nil
 }
 
-// Name is the limit's name.
-func (l *Limiter) Name() string { return l.name }
 
 // Flush does nothing and returns nil: every write of the throttle is made
 // before the answer. It exists so that every pglimit limiter is shut
@@ -642,29 +640,6 @@ func (p *Permit) Release(ctx context.Context) error {
 		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
 	}
 	return nil
-}
-
-// Throttle is the live failures of one key, as operators see them.
-type Throttle struct {
-	Key       string
-	Failures  int
-	FirstAt   time.Time
-	LastAt    time.Time
-	ExpiresAt time.Time
-}
-
-// List returns every key with live failures, the most recent window first:
-// the operator view. Usernames are in the keys: show it to operators only.
-func (l *Limiter) List(ctx context.Context) ([]Throttle, error) {
-	rows, err := l.q.LoginAttemptList(ctx, l.pool)
-	if err != nil {
-		return nil, fmt.Errorf("signin: list: %w", err)
-	}
-	out := make([]Throttle, len(rows))
-	for i, r := range rows {
-		out[i] = Throttle{Key: r.Key, Failures: int(r.Failures), FirstAt: r.FirstAt, LastAt: r.LastAt, ExpiresAt: r.ExpiresAt}
-	}
-	return out, nil
 }
 
 type permitKey struct{}

@@ -15,3 +15,6 @@ func (l *Limiter) Limit() int { return l.limit }
 
 // Window is the length of the rolling window.
 func (l *Limiter) Window() time.Duration { return l.window }
+
+// Name is the limit's name.
+func (l *Limiter) Name() string { return l.core.Name }

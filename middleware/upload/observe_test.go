@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/observe/observetest"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/middleware/upload"
@@ -56,7 +57,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 	if store.stored.Load() != 3 {
 		t.Errorf("%d uploads stored in dry run, want 3", store.stored.Load())
 	}
-	slots, err := permit.List(ctx, pool, permit.UploadWindow)
+	slots, err := db.New().SlotList(ctx, pool, string(permit.UploadWindow))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 	observetest.WaitRefusals(t, pool, map[string]int64{"uploads": 1, "uploads-dry dry-run": 3})
 }
 
-func countScope(slots []permit.Held, scope string) int {
+func countScope(slots []*db.SlotListRow, scope string) int {
 	n := 0
 	for _, s := range slots {
 		if s.Scope == scope {

@@ -168,8 +168,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		onError: opts.OnError}, nil
 }
 
-// Name is the limit's name.
-func (l *Limiter) Name() string { return l.core.Name }
 
 // scopeOf is the scope key of key's slots in upload_window.
 func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
@@ -274,7 +272,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			if keep {
 				return
 			}
-			// The answer completes once the slot is back (permit.AnswerWait
+			// The answer completes once the slot is back (the answer wait (1 s)
 			// at most); a failure is logged by the Leaser.
 			slot.held.ReleaseWithin(r.Context())
 		}()

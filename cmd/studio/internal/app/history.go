@@ -173,7 +173,7 @@ func (a *App) auditHistory() history[auditItem] {
 		return auditItem{id, at, actor, action, target, detail}
 	}
 	return history[auditItem]{
-		name: a.endpoints.audit.Name(),
+		name: "audit-history",
 		page: func(ctx context.Context, tx pgx.Tx, since, until time.Time, size, skip int32) ([]auditItem, error) {
 			rows, err := a.q.AuditEventPage(ctx, tx, &studiodb.AuditEventPageParams{Since: since, Until: until, Size: size, Skip: skip})
 			out := make([]auditItem, len(rows))
@@ -199,7 +199,7 @@ func (a *App) auditHistory() history[auditItem] {
 
 func (a *App) eventHistory() history[eventItem] {
 	return history[eventItem]{
-		name: a.endpoints.events.Name(),
+		name: "event-history",
 		page: func(ctx context.Context, tx pgx.Tx, since, until time.Time, size, skip int32) ([]eventItem, error) {
 			rows, err := a.q.EventPage(ctx, tx, &studiodb.EventPageParams{Since: since, Until: until, Size: size, Skip: skip})
 			out := make([]eventItem, len(rows))
@@ -225,7 +225,7 @@ func (a *App) eventHistory() history[eventItem] {
 
 func (a *App) alertHistory() history[alertItem] {
 	return history[alertItem]{
-		name: a.endpoints.alerts.Name(),
+		name: "alert-history",
 		page: func(ctx context.Context, tx pgx.Tx, since, until time.Time, size, skip int32) ([]alertItem, error) {
 			rows, err := a.q.AlertPage(ctx, tx, &studiodb.AlertPageParams{Since: since, Until: until, Size: size, Skip: skip})
 			out := make([]alertItem, len(rows))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/permit"
 )
 
@@ -102,24 +103,24 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 		kind permit.Kind
 		into *[]limitRow
 	}{{permit.HeavyPermit, &resp.Permits}, {permit.UploadWindow, &resp.UploadWindows}, {permit.RequestInFlight, &resp.InFlight}} {
-		held, err := permit.List(ctx, a.primary, kind.kind)
+		held, err := db.New().SlotList(ctx, a.primary, string(kind.kind))
 		if err != nil {
 			return nil, err
 		}
 		for _, h := range held {
-			*kind.into = append(*kind.into, limitRow{Scope: h.Scope, Slot: int32(h.Slot), Holder: h.Holder, Endpoint: h.Endpoint,
+			*kind.into = append(*kind.into, limitRow{Scope: h.Scope, Slot: h.Slot, Holder: h.Holder, Endpoint: h.Endpoint,
 				Replica: h.Replica, ClaimedAt: h.ClaimedAt, ExpiresAt: h.ExpiresAt})
 		}
 	}
 	if err := a.nameTokens(ctx, resp.InFlight); err != nil {
 		return nil, err
 	}
-	throttles, err := a.signin.List(ctx)
+	throttles, err := db.New().LoginAttemptList(ctx, a.primary)
 	if err != nil {
 		return nil, err
 	}
 	for _, t := range throttles {
-		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: int32(t.Failures), FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
+		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: t.Failures, FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
 	}
 	replicas, err := a.listReplicas(ctx)
 	if err != nil {

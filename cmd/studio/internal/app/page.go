@@ -46,7 +46,7 @@ type auditView struct {
 // page, paged by page number over the first rows and then by cursor, with
 // a notice when the rows came from the read replica.
 func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
-	q, ok := a.parseHistory(w, r, a.endpoints.audit.Name())
+	q, ok := a.parseHistory(w, r, "audit-history")
 	if !ok {
 		return
 	}

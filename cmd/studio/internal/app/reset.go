@@ -63,7 +63,7 @@ func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username strin
 		return 0, false
 	}
 	id, _ := IdentityFrom(r.Context())
-	detail, _ := json.Marshal(map[string]any{"limit": a.signin.Name(), "username": name, "failures": failures})
+	detail, _ := json.Marshal(map[string]any{"limit": "sign-in", "username": name, "failures": failures})
 	actx, acancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 	defer acancel()
 	if err := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
