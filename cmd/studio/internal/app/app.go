@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	neturl "net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,7 +55,9 @@ type App struct {
 
 	router    *readroute.Router
 	nodeLimit *nodelimit.Limiter
-	nodes     map[string]*jolokia.Client
+	// readyReplicas is the ready count the node limiter last read.
+	readyReplicas atomic.Int64
+	nodes         map[string]*jolokia.Client
 
 	consoleRole bool          // the primary may SET ROLE studio_console (the fallback)
 	console     *pgxpool.Pool // connections whose session user is studio_console

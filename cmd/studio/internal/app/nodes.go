@@ -17,8 +17,16 @@ import (
 func (a *App) setupNodes() error {
 	var err error
 	a.nodeLimit, err = nodelimit.New(nodelimit.Options{
-		Rate:          rate.Limit(a.cfg.NodeRate),
-		Replicas:      a.registry.ReadyReplicas,
+		Rate: rate.Limit(a.cfg.NodeRate),
+		// The ready count as the limiter last read it, for the queue
+		// listing's rate.readyReplicas.
+		Replicas: func(ctx context.Context) (int, error) {
+			n, err := a.registry.ReadyReplicas(ctx)
+			if err == nil {
+				a.readyReplicas.Store(int64(n))
+			}
+			return n, err
+		},
 		MeterProvider: a.meters,
 		Logger:        a.log,
 	})
@@ -70,6 +78,6 @@ func (a *App) handleQueues(w http.ResponseWriter, r *http.Request) {
 	}
 	gate, _ := a.nodeLimit.Node(name)
 	writeJSON(w, http.StatusOK, queuesResponse{Node: name, Queues: queues, Rate: map[string]any{
-		"installation": float64(a.cfg.NodeRate), "replica": float64(gate.Limit()),
+		"installation": float64(a.cfg.NodeRate), "replica": float64(gate.Limit()), "readyReplicas": a.readyReplicas.Load(),
 	}})
 }
