@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,8 +23,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/fakenode"
-	"github.com/pglimit/pglimit/internal/jolokia"
 	"github.com/pglimit/pglimit/internal/pgtest"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/replica"
@@ -123,15 +123,59 @@ func nodeOf(t testing.TB, l *nodelimit.Limiter, name string) *nodelimit.Node {
 	return n
 }
 
-func newFakeNode(t testing.TB, queues int) (*fakenode.Node, *httptest.Server) {
+// countingNode stands in for a broker node: it answers every POST and
+// records when each arrived, the observer of the rate the node sees. (The
+// reference service's Jolokia client and its fake node are tested against
+// this limiter in cmd/.)
+type countingNode struct {
+	mu    sync.Mutex
+	calls []time.Time
+}
+
+func (n *countingNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	n.mu.Lock()
+	n.calls = append(n.calls, time.Now())
+	n.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `[{"status":200,"value":[]}]`)
+}
+
+// Calls returns the arrival times, in order.
+func (n *countingNode) Calls() []time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.calls)
+}
+
+func newFakeNode(t testing.TB) (*countingNode, *httptest.Server) {
 	t.Helper()
-	fn, err := fakenode.New(fakenode.Options{Queues: queues})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fn := &countingNode{}
 	srv := httptest.NewServer(fn)
 	t.Cleanup(srv.Close)
 	return fn, srv
+}
+
+// client calls a node through its limiter: a turn, then one HTTP POST.
+type client struct {
+	url  string
+	node *nodelimit.Node
+}
+
+func (c *client) call(ctx context.Context, kind nodelimit.Kind) error {
+	if err := c.node.Wait(ctx, kind); err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(`[{"type":"search"}]`))
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
 }
 
 // rep is one stand-in replica: its own pool, registry, limiter and Jolokia
@@ -142,7 +186,7 @@ type rep struct {
 	stop   func() // ends the registry's Run
 	lim    *nodelimit.Limiter
 	node   *nodelimit.Node
-	client *jolokia.Client
+	client *client
 }
 
 // startReplicas starts n replicas on the database at url, each registered
@@ -161,10 +205,7 @@ func startReplicas(t *testing.T, url string, n int, total rate.Limit, nodeURL st
 		stop := runRegistry(t, reg)
 		lim := newLimiter(t, nodelimit.Options{Rate: total, Replicas: reg.ReadyReplicas, Refresh: refresh})
 		node := nodeOf(t, lim, "fake")
-		client, err := jolokia.New(nodeURL, node, jolokia.Options{Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		client := &client{url: nodeURL, node: node}
 		reps[i] = &rep{pool: pool, reg: reg, stop: stop, lim: lim, node: node, client: client}
 	}
 	for _, r := range reps {
@@ -182,7 +223,7 @@ func startReplicas(t *testing.T, url string, n int, total rate.Limit, nodeURL st
 func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	fn, srv := newFakeNode(t, 1)
+	fn, srv := newFakeNode(t)
 	// Heartbeats every second: a row lives three intervals, so a heartbeat
 	// a loaded machine delays does not let a replica's row lapse and move
 	// the shares mid-run.
@@ -206,7 +247,7 @@ func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 		for range 4 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					if _, err := r.client.Search(ctx, jolokia.QueuePattern); err != nil && ctx.Err() == nil {
+					if err := r.client.call(ctx, nodelimit.KindSearch); err != nil && ctx.Err() == nil {
 						unexpected.Store(err)
 					}
 				}
@@ -226,20 +267,20 @@ func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 	// starts, t0) and then lets one call through every 500 ms after t0.
 	// Windows of one second starting 250 ms after t0 hold two of each
 	// replica's turns, far from their edges.
-	t0 := calls[0].At
+	t0 := calls[0]
 	burst := 0
-	for _, c := range calls {
-		if c.At.Before(t0.Add(250 * time.Millisecond)) {
+	for _, at := range calls {
+		if at.Before(t0.Add(250 * time.Millisecond)) {
 			burst++
 		}
 	}
 	perSecond := make([]int, seconds)
-	for _, c := range calls {
-		if k := int(c.At.Sub(t0.Add(250*time.Millisecond)) / time.Second); c.At.Sub(t0) >= 250*time.Millisecond && k < seconds {
+	for _, at := range calls {
+		if k := int(at.Sub(t0.Add(250*time.Millisecond)) / time.Second); at.Sub(t0) >= 250*time.Millisecond && k < seconds {
 			perSecond[k]++
 		}
 	}
-	t.Logf("first burst %d calls, then per second %v (node stats: %s)", burst, perSecond, fn.Stats().Summary())
+	t.Logf("first burst %d calls, then per second %v (%d calls in all)", burst, perSecond, len(calls))
 	if burst > 6 {
 		t.Errorf("first burst: %d calls, want at most 6 (3 buckets of 2)", burst)
 	}
@@ -265,7 +306,7 @@ func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 func TestShareFollowsReadyReplicas(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	_, srv := newFakeNode(t, 1)
+	_, srv := newFakeNode(t)
 	reps := startReplicas(t, url, 3, 6, srv.URL, time.Second, 100*time.Millisecond)
 	for _, r := range reps {
 		if r.node.Limit() != 2 {
@@ -314,7 +355,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 func TestRateBelowReplicas(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	_, srv := newFakeNode(t, 1)
+	_, srv := newFakeNode(t)
 	reps := startReplicas(t, url, 3, 2, srv.URL, time.Second, time.Second)
 	for i, r := range reps {
 		if r.node.Limit() != 1 || nodelimit.Burst(r.node) != 1 {
@@ -431,23 +472,21 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	return got
 }
 
-// TestMetricCountsEachKind: listing 450 queues is one search and three
-// reads, and the counter says so by kind.
+// TestMetricCountsEachKind: every turn taken is counted by kind (a queue
+// listing of 450 queues: one search and three reads).
 func TestMetricCountsEachKind(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-	_, srv := newFakeNode(t, 450)
-	c, err := jolokia.New(srv.URL, nodeOf(t, l, "fake"), jolokia.Options{})
-	if err != nil {
-		t.Fatal(err)
+	fn, srv := newFakeNode(t)
+	c := &client{url: srv.URL, node: nodeOf(t, l, "fake")}
+	for _, kind := range []nodelimit.Kind{nodelimit.KindSearch, nodelimit.KindRead, nodelimit.KindRead, nodelimit.KindRead} {
+		if err := c.call(context.Background(), kind); err != nil {
+			t.Fatal(err)
+		}
 	}
-	qs, err := c.Queues(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(qs) != 450 {
-		t.Fatalf("%d queues, want 450", len(qs))
+	if n := len(fn.Calls()); n != 4 {
+		t.Fatalf("the node received %d calls, want 4", n)
 	}
 	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 3}; !cmp.Equal(got, want) {
 		t.Fatalf("pglimit.nodelimit.calls = %v, want %v", got, want)

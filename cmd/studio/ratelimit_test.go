@@ -211,7 +211,7 @@ func TestAPIRateFlags(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"-api-rate", "100"}, {"-api-rate", "5/d"}, {"-api-rate", "0/s"}, {"-api-rate", "10001/s"},
+		{"-api-rate", "100"}, {"-api-rate", "5/d"}, {"-api-rate", "0/s"}, {"-api-rate", "1000001/s"},
 		{"-api-rate", "x/s"}, {"-api-burst", "0"}, {"-api-burst", "10001"},
 	} {
 		cmd := exec.Command(bin, args...)
