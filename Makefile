@@ -3,7 +3,9 @@
 # start a throwaway PostgreSQL of their own when DATABASE_URL is not set.
 
 GO        ?= go
-PKGS      ?= ./...
+# Two modules, one workspace (go.work): the library (.) and the reference
+# service, the checks, the benchmarks and the tools (./cmd).
+PKGS      ?= ./... ./cmd/...
 # Packages whose tests hammer shared state from many goroutines.
 RACE_PKGS ?= ./permit/... ./middleware/... ./housekeeping/... ./internal/housekeep/... ./replica/... ./nodelimit/... ./cursor/...
 
@@ -15,25 +17,25 @@ help: ## list the targets
 
 .PHONY: run
 run: ## run the reference service (embedded PostgreSQL unless DATABASE_URL is set) on 127.0.0.1:8080
-	$(if $(DATABASE_URL),,$(GO) run ./internal/cmd/installdeps postgresql)
+	$(if $(DATABASE_URL),,$(GO) run ./cmd/installdeps postgresql)
 	$(GO) run ./cmd/studio $(ARGS)
 
 .PHONY: test
 test: ## install what the tests need when missing (see deps), run every test against a real PostgreSQL, then the race detector on the concurrent packages and a short fuzz
-	$(GO) run ./internal/cmd/installdeps
+	$(GO) run ./cmd/installdeps
 	$(GO) test -count=1 $(PKGS)
 	$(GO) test -count=1 -race -short $(RACE_PKGS)
 	$(MAKE) --no-print-directory fuzz FUZZTIME=15000x
 
-# Packages whose tests use a database (they import internal/pgtest).
-DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /internal\/pgtest$$/ && / github.com\/pglimit\/pglimit\/internal\/pgtest( |$$)/ {print $$1}')
+# Packages whose tests use a database (they import harness/pgtest).
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /harness\/pgtest$$/ && / github.com\/pglimit\/pglimit\/harness\/pgtest( |$$)/ {print $$1}')
 
-# installdeps (internal/cmd/installdeps) installs, as root with apt-get, what
+# installdeps (cmd/installdeps) installs, as root with apt-get, what
 # is missing of the PostgreSQL server binaries, chromium and pgbouncer, or
 # prints the one line saying what to install and stops the target.
 .PHONY: deps
 deps: ## install what the tests need beyond Go when missing: PostgreSQL server binaries, chromium, pgbouncer (apt-get as root, else it says what to install)
-	$(GO) run ./internal/cmd/installdeps
+	$(GO) run ./cmd/installdeps
 
 .PHONY: test-db
 test-db: ## run the packages that use a database again on the server DATABASE_URL names (no race detector, no fuzz)
@@ -57,11 +59,12 @@ generate: ## compile sql/queries (and cmd/studio/sql/queries) into typed Go with
 
 .PHONY: verify
 verify: ## generated code matches the SQL (sqlc diff), every query prepares on a live database (sqlc vet), go.mod tidy and verified
-	$(if $(DATABASE_URL),,$(GO) run ./internal/cmd/installdeps postgresql)
+	$(if $(DATABASE_URL),,$(GO) run ./cmd/installdeps postgresql)
 	$(GO) tool sqlc diff
-	$(GO) run ./internal/cmd/sqlcvet
+	$(GO) run ./cmd/sqlcvet
 	$(GO) mod verify
-	$(GO) mod tidy -diff
+	GOWORK=off $(GO) mod tidy -diff
+	cd cmd && GOWORK=off $(GO) mod tidy -diff
 
 .PHONY: lint
 lint: ## go vet and staticcheck

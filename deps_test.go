@@ -1,7 +1,9 @@
 package pglimit_test
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -45,10 +47,153 @@ func TestLibraryDependencies(t *testing.T) {
 				t.Errorf("a library package depends on %s", dep)
 			}
 		}
-		if strings.HasPrefix(dep, "github.com/pglimit/pglimit/cmd/") || dep == "github.com/pglimit/pglimit/internal/bench" ||
-			dep == "github.com/pglimit/pglimit/internal/jolokia" || dep == "github.com/pglimit/pglimit/internal/fakenode" ||
-			dep == "github.com/pglimit/pglimit/internal/pgtest" {
+		if strings.HasPrefix(dep, "github.com/pglimit/pglimit/cmd/") || strings.HasPrefix(dep, "github.com/pglimit/pglimit/harness/") {
 			t.Errorf("a library package depends on %s", dep)
+		}
+	}
+}
+
+// adopterRoots are the modules an adopter may get from pglimit: what the
+// library and its tests need (pgx, goose, OpenTelemetry, golang.org/x, the
+// test harness of the design card: testcontainers' postgres module and
+// go-cmp). Their own dependencies come with them.
+var adopterRoots = []string{
+	"github.com/jackc/pgx/v5", "github.com/pressly/goose/v3",
+	"go.opentelemetry.io/otel", "go.opentelemetry.io/otel/metric", "go.opentelemetry.io/otel/sdk/metric",
+	"golang.org/x/time", "golang.org/x/sync", "golang.org/x/text", "golang.org/x/crypto",
+	"github.com/testcontainers/testcontainers-go/modules/postgres", "github.com/google/go-cmp",
+}
+
+// TestAdopterModule builds a fresh module that imports every public
+// package of the library (this checkout, through a replace) and runs go
+// mod tidy in it: every module it then requires must be one of
+// adopterRoots or a dependency of one (by the module graph), so no
+// browser, Redis, Prometheus exporter or sqlc tool graph reaches an
+// adopter. (It downloads from the module proxy what the cache lacks.)
+func TestAdopterModule(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("go mod tidy in a new module")
+	}
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("go", "list", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var imports []string
+	for _, p := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p, "github.com/pglimit/pglimit"), "/")
+		if !strings.Contains("/"+rel+"/", "/internal/") && !strings.HasPrefix(rel, "harness") &&
+			!strings.HasPrefix(rel, "examples") && rel != "db" {
+			imports = append(imports, p)
+		}
+	}
+	dir := t.TempDir()
+	var src strings.Builder
+	src.WriteString("package main\n\nimport (\n")
+	for _, p := range imports {
+		src.WriteString("\t_ \"" + p + "\"\n")
+	}
+	src.WriteString(")\n\nfunc main() {}\n")
+	files := map[string]string{
+		"main.go": src.String(),
+		"go.mod":  "module example.com/adopter\n\ngo 1.26.0\n\nrequire github.com/pglimit/pglimit v0.0.0\n\nreplace github.com/pglimit/pglimit => " + root + "\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gocmd := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("go %v: %v\n%s", args, err, stderr)
+		}
+		return string(out)
+	}
+	gocmd("mod", "tidy")
+	required := strings.Fields(gocmd("list", "-m", "-f", "{{if not .Main}}{{.Path}}{{end}}", "all"))
+	versions := map[string]string{}
+	for _, line := range strings.Split(gocmd("list", "-m", "-f", "{{.Path}} {{.Version}}", "all"), "\n") {
+		if path, version, ok := strings.Cut(line, " "); ok {
+			versions[path] = version
+		}
+	}
+	// What the roots bring on their own: a second module requiring them
+	// alone, at the versions the adopter got.
+	roots := filepath.Join(dir, "roots")
+	var mod strings.Builder
+	mod.WriteString("module example.com/roots\n\ngo 1.26.0\n\nrequire (\n")
+	for _, r := range adopterRoots {
+		if v := versions[r]; v != "" {
+			mod.WriteString("\t" + r + " " + v + "\n")
+		}
+	}
+	mod.WriteString(")\n")
+	if err := os.MkdirAll(roots, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(roots, "go.mod"), []byte(mod.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir0 := dir
+	dir = roots
+	allowed := map[string]bool{"github.com/pglimit/pglimit": true}
+	for _, m := range strings.Fields(gocmd("list", "-m", "-f", "{{.Path}}", "all")) {
+		allowed[m] = true
+	}
+	dir = dir0
+	// And what those bring in the adopter's own graph (a version the
+	// adopter's graph selected may need what another did not).
+	edges := map[string][]string{}
+	for _, line := range strings.Split(gocmd("mod", "graph"), "\n") {
+		from, to, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		from, _, _ = strings.Cut(from, "@")
+		to, _, _ = strings.Cut(to, "@")
+		edges[from] = append(edges[from], to)
+	}
+	for grew := true; grew; {
+		grew = false
+		for from, tos := range edges {
+			if !allowed[from] || from == "github.com/pglimit/pglimit" || from == "example.com/adopter" {
+				continue
+			}
+			for _, to := range tos {
+				if !allowed[to] {
+					allowed[to], grew = true, true
+				}
+			}
+		}
+	}
+	var foreign []string
+	for _, m := range required {
+		if !allowed[m] {
+			foreign = append(foreign, m)
+		}
+	}
+	t.Logf("an adopter importing %d public packages requires %d modules", len(imports), len(required))
+	if len(foreign) > 0 {
+		t.Errorf("go mod tidy brings in modules that are none of pgx, goose, OpenTelemetry, golang.org/x, the test harness, nor their dependencies: %v", foreign)
+	}
+	for _, bad := range forbiddenDeps[:3] {
+		for _, m := range required {
+			if strings.HasPrefix(m, bad) {
+				t.Errorf("an adopter requires %s", m)
+			}
 		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit/housekeeping"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 // TestLostRaceTakesNothing: a claim in two scopes without the scope lock

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/bench"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -1,5 +1,5 @@
 // Command fakenode serves a stand-in broker node that speaks the Jolokia
-// subset of package internal/jolokia over N queues, and reports the calls
+// subset of package cmd/internal/jolokia over N queues, and reports the calls
 // it receives: GET /stats answers them as JSON (total, by kind, per second),
 // and -report prints a line every second.
 //
@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/fakenode"
+	"github.com/pglimit/pglimit/cmd/internal/fakenode"
 )
 
 func main() {

@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
-	"github.com/pglimit/pglimit/internal/pgtest"
-	"github.com/pglimit/pglimit/internal/replicaset"
+	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/harness/replicaset"
 )
 
 func TestMain(m *testing.M) {

@@ -7,10 +7,10 @@
 //	DATABASE_URL=postgres://... go run ./cmd/loadcheck
 //
 // It uses DATABASE_URL (or -database-url), else starts an embedded
-// throwaway PostgreSQL (internal/embedpg); builds cmd/studio and starts
+// throwaway PostgreSQL (harness/embedpg); builds cmd/studio and starts
 // -replicas of it as child processes on free loopback ports
-// (internal/replicaset) with -demo and the limits below; serves a fake
-// broker node in-process (internal/fakenode); waits until every replica
+// (harness/replicaset) with -demo and the limits below; serves a fake
+// broker node in-process (cmd/internal/fakenode); waits until every replica
 // has taken its share of the node rate; then for -duration runs, at once:
 //
 //   - SQL console load: for each of alice, bob and carol, -workers-per-token

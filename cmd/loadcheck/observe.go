@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/internal/activity"
+	"github.com/pglimit/pglimit/harness/activity"
 )
 
 // peaks are the most console statements the observer saw running at once.
@@ -21,7 +21,7 @@ type peaks struct {
 	Interval time.Duration
 }
 
-// observer polls pg_stat_activity (internal/activity) for the console
+// observer polls pg_stat_activity (harness/activity) for the console
 // statements of the run, whose SQL text carries "<marker><user>:<token>'".
 // An observer that may not read the statements of every role in the
 // database (a console role it is no member of, without pg_read_all_stats)

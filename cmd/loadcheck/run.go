@@ -21,9 +21,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/embedpg"
-	"github.com/pglimit/pglimit/internal/fakenode"
-	"github.com/pglimit/pglimit/internal/replicaset"
+	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/cmd/internal/fakenode"
+	"github.com/pglimit/pglimit/harness/replicaset"
 )
 
 // Config is one load check: the limits the replicas are started with (and

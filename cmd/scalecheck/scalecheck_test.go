@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

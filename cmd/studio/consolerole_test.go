@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 // TestConsoleRoleMadeByAnother: the studio_console role exists on the

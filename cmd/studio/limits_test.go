@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 // TestSignInThrottleAcrossReplicas: five failed sign-ins spread over three

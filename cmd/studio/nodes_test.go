@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/fakenode"
+	"github.com/pglimit/pglimit/cmd/internal/fakenode"
 )
 
 // TestNodeQueuesAndSharedRate reads a fake broker node's 450 queues

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/replicaset"
+	"github.com/pglimit/pglimit/harness/replicaset"
 )
 
 // rateAnswer is one request of the rate test as the client saw it.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 // TestShutdownLandsEveryRelease stops a replica (SIGTERM) while four

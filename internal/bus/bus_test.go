@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/bus"
-	"github.com/pglimit/pglimit/internal/pgbouncer"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgbouncer"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/observe/observetest"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/observetest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 // BenchmarkDecision is what observing a granted decision adds (one Took

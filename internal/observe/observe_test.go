@@ -13,8 +13,8 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/observe/observetest"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/observetest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

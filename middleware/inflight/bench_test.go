@@ -3,7 +3,7 @@ package inflight_test
 import (
 	"testing"
 
-	"github.com/pglimit/pglimit/internal/bench"
+	"github.com/pglimit/pglimit/harness/bench"
 )
 
 // BenchmarkInFlight measures a token's in-flight slot, claimed and

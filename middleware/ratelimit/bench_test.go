@@ -3,7 +3,7 @@ package ratelimit_test
 import (
 	"testing"
 
-	"github.com/pglimit/pglimit/internal/bench"
+	"github.com/pglimit/pglimit/harness/bench"
 )
 
 // BenchmarkRateLimit measures a rate-limit decision under one policy and

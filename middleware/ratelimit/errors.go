@@ -17,10 +17,6 @@ import (
 // slugTooMany is the problem type slug of a refused request.
 const slugTooMany = "too-many-requests"
 
-// slugUnavailable is the problem type slug of a decision the database
-// could not make (fail closed).
-const slugUnavailable = respond.SlugUnavailable
-
 // LimitError is a refused request.
 type LimitError struct {
 	// Name is the limiter's name.

@@ -15,9 +15,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/internal/embedpg"
-	"github.com/pglimit/pglimit/internal/observe/observetest"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/harness/observetest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/readroute"
 )
 

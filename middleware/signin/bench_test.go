@@ -11,16 +11,11 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 )
-
-// redisBaseline is set by redis_bench_test.go: the Redis-based limiter
-// github.com/go-redis/redis_rate/v10 against the local Redis, the baseline
-// pglimit is compared with; it skips when Redis does not answer.
-var redisBaseline func(b *testing.B, clients int)
 
 // clients runs op b.N times in all, spread over exactly n goroutines (n
 // concurrent clients, whatever GOMAXPROCS is), and reports ops/s.
@@ -60,7 +55,7 @@ func clients(b *testing.B, n int, op func(ctx context.Context, client, i int) er
 // BenchmarkLimits measures the statements each limit costs, at 1 and 16
 // concurrent clients on a pool of 16 connections, beside two baselines
 // measured in the same run: SELECT 1 (db.New().SessionPing, the cheapest
-// round trip) and a Redis-based limiter (redis_rate on 127.0.0.1:6379).
+// round trip) (redis_rate, the Redis-based limiter, is compared in make bench: BENCHMARKS.md).
 // It is the benchmark of middleware/upload and middleware/inflight too.
 //
 //   - signin-check: a sign-in's one read (Limiter.Acquire, normal mode) of a
@@ -101,12 +96,6 @@ func BenchmarkLimits(b *testing.B) {
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("select-1/clients=%d", n), func(b *testing.B) {
 			clients(b, n, func(ctx context.Context, _, _ int) error { return q.SessionPing(ctx, pool) })
-		})
-		b.Run(fmt.Sprintf("redis-rate/clients=%d", n), func(b *testing.B) {
-			if redisBaseline == nil {
-				b.Skip("Redis baseline not built")
-			}
-			redisBaseline(b, n)
 		})
 		b.Run(fmt.Sprintf("signin-check/clients=%d", n), func(b *testing.B) {
 			clients(b, n, func(ctx context.Context, c, _ int) error {

@@ -9,8 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/internal/observe/observetest"
-	"github.com/pglimit/pglimit/internal/pgtest"
+	"github.com/pglimit/pglimit/harness/observetest"
+	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 

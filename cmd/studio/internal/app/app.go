@@ -21,7 +21,7 @@ import (
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/internal/jolokia"
+	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"

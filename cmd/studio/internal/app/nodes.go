@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/pglimit/pglimit/internal/jolokia"
+	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/problem"
 )

@@ -105,12 +105,12 @@ func TestMakeTestRunsItFirst(t *testing.T) {
 		t.Fatal("make is not on PATH")
 	}
 	for target, want := range map[string]string{
-		"test":   "go run ./internal/cmd/installdeps\n",
-		"verify": "go run ./internal/cmd/installdeps postgresql\n",
-		"run":    "go run ./internal/cmd/installdeps postgresql\n",
+		"test":   "go run ./cmd/installdeps\n",
+		"verify": "go run ./cmd/installdeps postgresql\n",
+		"run":    "go run ./cmd/installdeps postgresql\n",
 	} {
 		cmd := exec.Command("make", "-n", "--no-print-directory", target)
-		cmd.Dir = "../../.."
+		cmd.Dir = "../.."
 		cmd.Env = append(cmd.Environ(), "DATABASE_URL=")
 		out, err := cmd.Output()
 		var exit *exec.ExitError

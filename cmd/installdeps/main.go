@@ -41,7 +41,7 @@ type requirement struct {
 // requirements, in the order the message names them.
 var requirements = []requirement{
 	{"postgresql", "the PostgreSQL server binaries (initdb)", func(m machine) bool {
-		// What internal/embedpg looks for: initdb on PATH, else Debian's
+		// What harness/embedpg looks for: initdb on PATH, else Debian's
 		// /usr/lib/postgresql/<version>/bin, which is not on PATH.
 		return m.onPath("initdb") || m.exists("/usr/lib/postgresql/*/bin/initdb")
 	}},

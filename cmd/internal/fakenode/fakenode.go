@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/jolokia"
+	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 )
 
 // Options configure a Node.

@@ -17,8 +17,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/pglimit/pglimit/internal/fakenode"
-	"github.com/pglimit/pglimit/internal/jolokia"
+	"github.com/pglimit/pglimit/cmd/internal/fakenode"
+	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/nodelimit"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/pglimit/pglimit/internal/fakenode"
+	"github.com/pglimit/pglimit/cmd/internal/fakenode"
 )
 
 func post(t *testing.T, h http.Handler, body string) (int, string) {

@@ -81,6 +81,12 @@ const (
 	NameNode = "node limiter call"
 )
 
+// RedisRate, when set, makes redis_rate's Allow on the Redis at addr a
+// baseline: the op of a loop, a func releasing the client, and a note
+// naming the server or saying why there is none. cmd/internal/redisrate
+// sets it, so Redis stays out of the library's module.
+var RedisRate func(ctx context.Context, addr string) (op func(worker int) Op, closeIt func(), note string)
+
 // Suite holds what the paths run on. Close it when done.
 type Suite struct {
 	Pool *pgxpool.Pool
@@ -198,8 +204,10 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
 		return nil, err
 	}
-	if redisAddr != "" {
-		s.redis, s.closeR, s.RedisNote = newRedisRate(ctx, redisAddr)
+	if redisAddr != "" && RedisRate != nil {
+		s.redis, s.closeR, s.RedisNote = RedisRate(ctx, redisAddr)
+	} else if redisAddr != "" {
+		s.RedisNote = "no redis_rate baseline in this binary (cmd/benchreport has it: make bench)"
 	} else {
 		s.RedisNote = "no Redis address given"
 	}
