@@ -321,8 +321,8 @@ func (q *Queries) APIRequestWindowDeleteLapsed(ctx context.Context, db DBTX, bat
 
 const aPIRequestWindowGiveBack = `-- name: APIRequestWindowGiveBack :execrows
 UPDATE pglimit.api_request_window
-SET tats = ARRAY[greatest($1::timestamptz, clock_timestamp())],
-    expires_at = greatest($1::timestamptz, clock_timestamp())
+SET tats = ARRAY[greatest($1::timestamptz, statement_timestamp())],
+    expires_at = greatest($1::timestamptz, statement_timestamp())
 WHERE name = $2::text AND key = $3::text AND policies = ARRAY[$4::text]
   AND tats[1] = $5::timestamptz
 `
@@ -336,8 +336,9 @@ type APIRequestWindowGiveBackParams struct {
 }
 
 // Gives back the units of a batch a replica did not spend: the key's TAT
-// moves back to @kept (the end of what the replica spent; the clock when
-// that is past), only if it still ends where the batch ended (@tat): once
+// moves back to @kept (the end of what the replica spent; the statement's
+// start when that is past: an earlier "now" only says less, as GCRA takes
+// the later of the TAT and the clock), only if it still ends where the batch ended (@tat): once
 // another decision spent after the batch, its units are in the middle and
 // lapse by themselves instead.
 func (q *Queries) APIRequestWindowGiveBack(ctx context.Context, db DBTX, arg *APIRequestWindowGiveBackParams) (int64, error) {
@@ -406,10 +407,7 @@ func (q *Queries) APIRequestWindowList(ctx context.Context, db DBTX, arg *APIReq
 }
 
 const aPIRequestWindowReset = `-- name: APIRequestWindowReset :exec
-WITH cleared AS (
-    DELETE FROM pglimit.api_request_window WHERE name = $1::text AND key = $2::text
-)
-SELECT pg_notify('pglimit', 'rate/' || $1::text || chr(10) || $2::text)
+DELETE FROM pglimit.api_request_window WHERE name = $1::text AND key = $2::text
 `
 
 type APIRequestWindowResetParams struct {
@@ -417,9 +415,9 @@ type APIRequestWindowResetParams struct {
 	Key  string
 }
 
-// An operator clears a key's state (ratelimit.Limiter.Reset), and every
-// replica forgets what it remembers of the key (pg_notify, payload "rate/",
-// the limiter's name, a newline, the key).
+// An operator clears a key's state (ratelimit.Limiter.Reset); every
+// replica is then told to forget what it remembers of the key (BusNotify,
+// payload "rate/", the limiter's name, a newline, the key).
 func (q *Queries) APIRequestWindowReset(ctx context.Context, db DBTX, arg *APIRequestWindowResetParams) error {
 	_, err := db.Exec(ctx, aPIRequestWindowReset, arg.Name, arg.Key)
 	return err

@@ -10,18 +10,32 @@ import (
 	"time"
 )
 
-const loginAttemptClear = `-- name: LoginAttemptClear :exec
-WITH cleared AS (
-    DELETE FROM pglimit.login_attempt WHERE key = $1::text
-    RETURNING key
-)
-SELECT pg_notify('pglimit', 'signin' || chr(10) || c.key) FROM cleared AS c
+const loginAttemptClear = `-- name: LoginAttemptClear :many
+DELETE FROM pglimit.login_attempt WHERE key = $1::text
+RETURNING failures
 `
 
-// A successful sign-in clears the key's failures.
-func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) error {
-	_, err := db.Exec(ctx, loginAttemptClear, key)
-	return err
+// A successful sign-in, or an operator's reset (signin.Limiter.Reset),
+// clears the key's failures. Returns the failures it had (no row: none),
+// so that replicas are told only when one may remember the key refused.
+func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) ([]int32, error) {
+	rows, err := db.Query(ctx, loginAttemptClear, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int32
+	for rows.Next() {
+		var failures int32
+		if err := rows.Scan(&failures); err != nil {
+			return nil, err
+		}
+		items = append(items, failures)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const loginAttemptDeleteLapsed = `-- name: LoginAttemptDeleteLapsed :execrows
@@ -195,45 +209,40 @@ func (q *Queries) LoginAttemptReserve(ctx context.Context, db DBTX, arg *LoginAt
 	return &i, err
 }
 
-const loginAttemptReset = `-- name: LoginAttemptReset :one
-WITH cleared AS (
-    DELETE FROM pglimit.login_attempt WHERE key = $1::text
-    RETURNING failures
-), notified AS (
-    SELECT pg_notify('pglimit', 'signin' || chr(10) || $1::text)
-)
-SELECT coalesce((SELECT sum(failures) FROM cleared), 0)::int AS failures
-FROM notified
+const loginAttemptUnreserve = `-- name: LoginAttemptUnreserve :many
+
+UPDATE pglimit.login_attempt
+SET failures = failures - 1
+WHERE key = $1::text AND failures > 0 AND expires_at > now()
+RETURNING failures
 `
 
-// An operator clears the key's failures (signin.Limiter.Reset), and every
-// replica forgets the key's refusal, whether a row was there or not.
-// Returns the failures the row had (0: none).
-func (q *Queries) LoginAttemptReset(ctx context.Context, db DBTX, key string) (int32, error) {
-	row := db.QueryRow(ctx, loginAttemptReset, key)
-	var failures int32
-	err := row.Scan(&failures)
-	return failures, err
-}
-
-const loginAttemptUnreserve = `-- name: LoginAttemptUnreserve :exec
-
-WITH given_back AS (
-    UPDATE pglimit.login_attempt
-    SET failures = failures - 1
-    WHERE key = $1::text AND failures > 0 AND expires_at > now()
-    RETURNING key
-)
-SELECT pg_notify('pglimit', 'signin' || chr(10) || g.key) FROM given_back AS g
-`
-
-// Every write that lowers a key's count tells every replica at commit
-// (pg_notify on the channel pglimit, payload "signin", a newline, the key):
-// a replica answers a throttled key's sign-ins from memory until its window
-// ends (package middleware/signin), and forgets it on this notification.
+// Every write that lowers a key's count is followed by a notification to
+// every replica (BusNotify, payload "signin", a newline, the key): a replica
+// answers a throttled key's sign-ins from memory until its window ends
+// (package middleware/signin), and forgets it on this notification. The
+// notification is a statement of its own, on the server the replicas
+// listen to: on Citus a statement on a key's shard runs on a worker, whose
+// notifications nobody hears.
 // Strict mode: gives back a reservation whose attempt never checked a
-// password (a malformed request, a server error).
-func (q *Queries) LoginAttemptUnreserve(ctx context.Context, db DBTX, key string) error {
-	_, err := db.Exec(ctx, loginAttemptUnreserve, key)
-	return err
+// password (a malformed request, a server error). Returns the failures
+// left (no row: nothing given back).
+func (q *Queries) LoginAttemptUnreserve(ctx context.Context, db DBTX, key string) ([]int32, error) {
+	rows, err := db.Query(ctx, loginAttemptUnreserve, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int32
+	for rows.Next() {
+		var failures int32
+		if err := rows.Scan(&failures); err != nil {
+			return nil, err
+		}
+		items = append(items, failures)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

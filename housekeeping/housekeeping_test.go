@@ -6,8 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/housekeeping"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

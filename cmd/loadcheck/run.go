@@ -21,8 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/embedpg"
 	"github.com/pglimit/pglimit/cmd/internal/fakenode"
+	"github.com/pglimit/pglimit/harness/embedpg"
 	"github.com/pglimit/pglimit/harness/replicaset"
 )
 

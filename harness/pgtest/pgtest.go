@@ -59,8 +59,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
-	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/migrate"
 	"github.com/pglimit/pglimit/sql/schema"
 )

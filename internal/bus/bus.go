@@ -5,7 +5,7 @@
 // them only while it would hear a write that undoes one: an operator's
 // reset, a successful sign-in that clears a username's failures, a
 // reservation given back. Those writes send a notification on the channel
-// "pglimit" in the statement that makes them (pg_notify, delivered at
+// "pglimit" right after the statement that makes them (pg_notify, delivered at
 // commit), and every replica's Bus hands it to the caches of its topic.
 //
 // A Bus is one per pool (For), listens on a connection of its own (not one

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/harness/pgbouncer"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/bus"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -21,8 +21,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/pglimit/pglimit/internal/housekeep"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/housekeep"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

@@ -7,9 +7,9 @@ import (
 
 	"go.opentelemetry.io/otel/metric/noop"
 
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/harness/observetest"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/observe"
 )
 
 // BenchmarkDecision is what observing a granted decision adds (one Took

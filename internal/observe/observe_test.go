@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/harness/observetest"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/observe"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -203,7 +203,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		key: opts.Key, onError: opts.OnError}, nil
 }
 
-
 // installationScope is the scope key shared by all heavy endpoints.
 const installationScope = "installation"
 

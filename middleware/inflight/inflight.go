@@ -174,7 +174,6 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 		key: opts.Key, onError: opts.OnError}, nil
 }
 
-
 // scopeOf is the scope key of key's slots in request_in_flight.
 func scopeOf(key string) string { return permit.ScopeKey("token", key) }
 

@@ -307,7 +307,7 @@ func (l *Limiter) forgetAll() {
 // Reset clears key's state on every replica: its row in
 // api_request_window goes, and every replica forgets the refusals and
 // borrowed units of the key it remembers, within about a second (the
-// notification of the same statement). The key's next request starts a
+// notification sent after the delete). The key's next request starts a
 // full bucket. For an operator who lets a client in again.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if key == "" {
@@ -315,8 +315,12 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	if err := l.q.APIRequestWindowReset(ctx, l.pool, &db.APIRequestWindowResetParams{Name: l.name, Key: storableKey(key)}); err != nil {
+	stored := storableKey(key)
+	if err := l.q.APIRequestWindowReset(ctx, l.pool, &db.APIRequestWindowResetParams{Name: l.name, Key: stored}); err != nil {
 		return fmt.Errorf("ratelimit: reset: %w", dberr.OwnTimeout(ctx, err))
+	}
+	if err := l.q.BusNotify(ctx, l.pool, bus.TopicRate+l.name+"\n"+stored); err != nil {
+		return fmt.Errorf("ratelimit: reset: the replicas were not told: %w", dberr.OwnTimeout(ctx, err))
 	}
 	return nil
 }
@@ -333,7 +337,6 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	}
 	return nil
 }
-
 
 // PolicyState is one policy of a decision and the key's state in it.
 type PolicyState struct {

@@ -51,7 +51,7 @@
 // A throttled key stays throttled until its window ends: only a write that
 // lowers its count (a success that clears it, a reservation given back,
 // an operator's Reset) can let it in sooner, and each of those tells every
-// replica in the same statement (pg_notify). So while pglimit.Run listens
+// replica right after it (BusNotify, a pg_notify). So while pglimit.Run listens
 // for those notifications, a replica answers a throttled key's sign-ins
 // from memory until the window ends, with no statement (at most 10,000
 // keys, about 3 MB; see internal/memo), counted in pglimit.decisions with
@@ -299,7 +299,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	return l, nil
 }
 
-
 // Flush does nothing and returns nil: every write of the throttle is made
 // before the answer. It exists so that every pglimit limiter is shut
 // down the same way.
@@ -468,7 +467,7 @@ func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
 
 // Reset clears key's failed sign-ins on every replica: its row in
 // login_attempt goes, and every replica forgets the key's refusal within
-// about a second (the notification of the same statement). key is what
+// about a second (a notification sent after the delete). key is what
 // Options.Key returns; for the default key, the username as the client
 // typed it (Reset normalises it as the default key does). It returns the
 // failures the key had. For an operator who lets a locked-out user in.
@@ -485,11 +484,41 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	n, err := l.q.LoginAttemptReset(ctx, l.pool, storedKey(key))
+	key = storedKey(key)
+	had, err := l.q.LoginAttemptClear(ctx, l.pool, key)
 	if err != nil {
 		return 0, fmt.Errorf("signin: reset: %w", dberr.OwnTimeout(ctx, err))
 	}
-	return int(n), nil
+	if err := l.notify(ctx, key); err != nil {
+		return 0, fmt.Errorf("signin: reset: the replicas were not told: %w", dberr.OwnTimeout(ctx, err))
+	}
+	n := 0
+	for _, f := range had {
+		n += int(f)
+	}
+	return n, nil
+}
+
+// notify tells every replica to forget what it remembers of key
+// (BusNotify): a write just lowered its count.
+func (l *Limiter) notify(ctx context.Context, key string) error {
+	return l.q.BusNotify(ctx, l.pool, bus.TopicSignIn+"\n"+key)
+}
+
+// notifyAfter tells every replica to forget key when the write that lowered
+// its count may have undone a refusal one remembers: the key had reached
+// the limit before it (had are the failures it had). A notification that
+// fails is logged: other replicas then refuse the key until its window
+// ends, as the database would have before the write.
+func (l *Limiter) notifyAfter(ctx context.Context, key string, had []int32) {
+	for _, f := range had {
+		if int(f) >= l.max {
+			if err := l.notify(ctx, key); err != nil {
+				l.log.WarnContext(ctx, "signin: the replicas were not told that a key's failures went down", "limit", l.name, "err", err)
+			}
+			return
+		}
+	}
 }
 
 func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
@@ -614,9 +643,11 @@ func (p *Permit) Succeed(ctx context.Context) error {
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
 	defer p.l.obs.Took(ctx, observe.Record, time.Now())
-	if err := p.l.q.LoginAttemptClear(ctx, p.l.pool, p.key); err != nil {
+	had, err := p.l.q.LoginAttemptClear(ctx, p.l.pool, p.key)
+	if err != nil {
 		return fmt.Errorf("signin: clear failures: %w", dberr.OwnTimeout(ctx, err))
 	}
+	p.l.notifyAfter(ctx, p.key, had)
 	return nil
 }
 
@@ -636,9 +667,14 @@ func (p *Permit) Release(ctx context.Context) error {
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
 	defer p.l.obs.Took(ctx, observe.Record, time.Now())
-	if err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key); err != nil {
+	left, err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key)
+	if err != nil {
 		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
 	}
+	for i := range left {
+		left[i]++ // what it had before
+	}
+	p.l.notifyAfter(ctx, p.key, left)
 	return nil
 }
 

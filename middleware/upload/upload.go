@@ -168,7 +168,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		onError: opts.OnError}, nil
 }
 
-
 // scopeOf is the scope key of key's slots in upload_window.
 func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
 

@@ -182,24 +182,22 @@ RETURNING allowed, tats[1]::timestamptz AS tat, decided_at, borrowed;
 
 -- name: APIRequestWindowGiveBack :execrows
 -- Gives back the units of a batch a replica did not spend: the key's TAT
--- moves back to @kept (the end of what the replica spent; the clock when
--- that is past), only if it still ends where the batch ended (@tat): once
+-- moves back to @kept (the end of what the replica spent; the statement's
+-- start when that is past: an earlier "now" only says less, as GCRA takes
+-- the later of the TAT and the clock), only if it still ends where the batch ended (@tat): once
 -- another decision spent after the batch, its units are in the middle and
 -- lapse by themselves instead.
 UPDATE pglimit.api_request_window
-SET tats = ARRAY[greatest(@kept::timestamptz, clock_timestamp())],
-    expires_at = greatest(@kept::timestamptz, clock_timestamp())
+SET tats = ARRAY[greatest(@kept::timestamptz, statement_timestamp())],
+    expires_at = greatest(@kept::timestamptz, statement_timestamp())
 WHERE name = @name::text AND key = @key::text AND policies = ARRAY[@policy::text]
   AND tats[1] = @tat::timestamptz;
 
 -- name: APIRequestWindowReset :exec
--- An operator clears a key's state (ratelimit.Limiter.Reset), and every
--- replica forgets what it remembers of the key (pg_notify, payload "rate/",
--- the limiter's name, a newline, the key).
-WITH cleared AS (
-    DELETE FROM pglimit.api_request_window WHERE name = @name::text AND key = @key::text
-)
-SELECT pg_notify('pglimit', 'rate/' || @name::text || chr(10) || @key::text);
+-- An operator clears a key's state (ratelimit.Limiter.Reset); every
+-- replica is then told to forget what it remembers of the key (BusNotify,
+-- payload "rate/", the limiter's name, a newline, the key).
+DELETE FROM pglimit.api_request_window WHERE name = @name::text AND key = @key::text;
 
 -- name: APIRequestWindowList :many
 -- The keys of one limiter whose state still counts, latest decision

@@ -56,42 +56,29 @@ SELECT false AS reserved, l.failures, l.expires_at,
 FROM pglimit.login_attempt AS l
 WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
 
--- Every write that lowers a key's count tells every replica at commit
--- (pg_notify on the channel pglimit, payload "signin", a newline, the key):
--- a replica answers a throttled key's sign-ins from memory until its window
--- ends (package middleware/signin), and forgets it on this notification.
+-- Every write that lowers a key's count is followed by a notification to
+-- every replica (BusNotify, payload "signin", a newline, the key): a replica
+-- answers a throttled key's sign-ins from memory until its window ends
+-- (package middleware/signin), and forgets it on this notification. The
+-- notification is a statement of its own, on the server the replicas
+-- listen to: on Citus a statement on a key's shard runs on a worker, whose
+-- notifications nobody hears.
 
--- name: LoginAttemptUnreserve :exec
+-- name: LoginAttemptUnreserve :many
 -- Strict mode: gives back a reservation whose attempt never checked a
--- password (a malformed request, a server error).
-WITH given_back AS (
-    UPDATE pglimit.login_attempt
-    SET failures = failures - 1
-    WHERE key = @key::text AND failures > 0 AND expires_at > now()
-    RETURNING key
-)
-SELECT pg_notify('pglimit', 'signin' || chr(10) || g.key) FROM given_back AS g;
+-- password (a malformed request, a server error). Returns the failures
+-- left (no row: nothing given back).
+UPDATE pglimit.login_attempt
+SET failures = failures - 1
+WHERE key = @key::text AND failures > 0 AND expires_at > now()
+RETURNING failures;
 
--- name: LoginAttemptClear :exec
--- A successful sign-in clears the key's failures.
-WITH cleared AS (
-    DELETE FROM pglimit.login_attempt WHERE key = @key::text
-    RETURNING key
-)
-SELECT pg_notify('pglimit', 'signin' || chr(10) || c.key) FROM cleared AS c;
-
--- name: LoginAttemptReset :one
--- An operator clears the key's failures (signin.Limiter.Reset), and every
--- replica forgets the key's refusal, whether a row was there or not.
--- Returns the failures the row had (0: none).
-WITH cleared AS (
-    DELETE FROM pglimit.login_attempt WHERE key = @key::text
-    RETURNING failures
-), notified AS (
-    SELECT pg_notify('pglimit', 'signin' || chr(10) || @key::text)
-)
-SELECT coalesce((SELECT sum(failures) FROM cleared), 0)::int AS failures
-FROM notified;
+-- name: LoginAttemptClear :many
+-- A successful sign-in, or an operator's reset (signin.Limiter.Reset),
+-- clears the key's failures. Returns the failures it had (no row: none),
+-- so that replicas are told only when one may remember the key refused.
+DELETE FROM pglimit.login_attempt WHERE key = @key::text
+RETURNING failures;
 
 -- name: LoginAttemptList :many
 -- The live throttles, for the operator view.

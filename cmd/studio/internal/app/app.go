@@ -18,10 +18,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
