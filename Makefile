@@ -67,7 +67,8 @@ verify: ## generated code matches the SQL (sqlc diff), every query prepares on a
 	cd cmd && GOWORK=off $(GO) mod tidy -diff
 
 .PHONY: lint
-lint: ## go vet and staticcheck
+lint: ## gofmt, go vet and staticcheck
+	@test -z "$$(gofmt -l .)" || { echo "lint: not gofmt'ed:"; gofmt -l .; exit 1; }
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
