@@ -2,20 +2,18 @@ package permit
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/keys"
 )
 
 // op is one claim or one release waiting for, or travelling in, a batch.
@@ -96,11 +94,11 @@ func (l *Leaser) wait(ctx context.Context, o *op) error {
 // caller waits for its done, or stops waiting when its ctx ends.
 func (l *Leaser) enqueue(o *op) {
 	if o.release != nil {
-		keys := make([]string, len(o.release))
+		stored := make([]string, len(o.release))
 		for i, k := range o.release {
-			keys[i] = storedKey(k)
+			stored[i] = keys.Stored(k)
 		}
-		o.release = keys
+		o.release = stored
 	}
 	l.mu.Lock()
 	l.push(o)
@@ -804,28 +802,8 @@ func stored(c *Claim) *Claim {
 	out := *c
 	out.Scopes = make([]Scope, len(c.Scopes))
 	for i, s := range c.Scopes {
-		out.Scopes[i] = Scope{Key: storedKey(s.Key), Cap: s.Cap}
+		out.Scopes[i] = Scope{Key: keys.Stored(s.Key), Cap: s.Cap}
 	}
 	out.Holder, out.Endpoint = storable(c.Holder), storable(c.Endpoint)
 	return &out
-}
-
-// storedKey is key itself when PostgreSQL text can hold it and it is at
-// most 200 bytes, otherwise "sha256:" and its hex digest: distinct keys
-// stay distinct, and no key can make a statement fail.
-func storedKey(key string) string {
-	if len(key) <= 200 && utf8.ValidString(key) && !containsNUL(key) {
-		return key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
 }

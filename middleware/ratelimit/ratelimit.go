@@ -97,8 +97,6 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -106,7 +104,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -117,6 +114,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
 )
@@ -315,7 +313,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	stored := storableKey(key)
+	stored := keys.Stored(key)
 	if err := l.q.APIRequestWindowReset(ctx, l.pool, &db.APIRequestWindowResetParams{Name: l.name, Key: stored}); err != nil {
 		return fmt.Errorf("ratelimit: reset: %w", dberr.OwnTimeout(ctx, err))
 	}
@@ -411,7 +409,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	if never := exceedsBurst(policies, cost); never != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
 	}
-	stored := storableKey(key)
+	stored := keys.Stored(key)
 	dryRun := l.obs.DryRun()
 	now := time.Now()
 	if !dryRun {
@@ -703,31 +701,6 @@ func names(ps []Policy) []string {
 		out[i] = p.Name
 	}
 	return out
-}
-
-// maxKeyLen bounds the key text stored as it is; a longer key is stored
-// as its SHA-256.
-const maxKeyLen = 200
-
-// storableKey is key as the database stores it: itself when it is valid
-// UTF-8 without NUL and at most maxKeyLen bytes (PostgreSQL text refuses
-// the first two), else "sha256:" and the hex of its SHA-256, which keeps
-// distinct keys distinct.
-func storableKey(key string) string {
-	if len(key) <= maxKeyLen && utf8.ValidString(key) && !containsNUL(key) {
-		return key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Handler limits the rate of requests to next. A request whose key or

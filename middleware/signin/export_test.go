@@ -1,11 +1,15 @@
 package signin
 
-import "time"
+import (
+	"time"
+
+	"github.com/pglimit/pglimit/internal/keys"
+)
 
 // What the tests reach that an adopter does not.
 
 // StoredKey is storedKey.
-var StoredKey = storedKey
+var StoredKey = keys.Stored
 
 // ErrNoKey is the error of a request without a key.
 var ErrNoKey = errNoKey

@@ -1,6 +1,5 @@
-// Package signin throttles failed sign-ins across every replica of a service
-// (ADR-0196 decision 5), counting them in PostgreSQL's UNLOGGED
-// login_attempt table.
+// Package signin throttles failed sign-ins across every replica of a
+// service, counting them in PostgreSQL's UNLOGGED login_attempt table.
 //
 //	throttle, err := signin.New(pool, signin.Options{Limit: 5, Window: 15 * time.Minute})
 //	mux.Handle("POST /api/session", throttle.Handler(signInHandler)) // 401 = failure, 2xx = success
@@ -108,15 +107,12 @@ package signin
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -126,6 +122,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
@@ -149,10 +146,6 @@ const (
 	defaultMaxBodyBytes int64 = 64 << 10
 	defaultTimeout            = 5 * time.Second
 )
-
-// maxKeyBytes is the longest key stored as it is; longer keys, and keys that
-// PostgreSQL text cannot hold (invalid UTF-8, NUL), are stored as a SHA-256.
-const maxKeyBytes = 200
 
 // Options configure a Limiter. The zero value is ready to use.
 type Options struct {
@@ -374,26 +367,6 @@ type Permit struct {
 // is throttled, and the attempt goes on unreserved. Nil when it fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
-// storedKey is the form of key kept in login_attempt: key itself when it is
-// valid UTF-8 without NUL and at most 200 bytes, otherwise "sha256:" and the
-// hex digest of key, so that no client input can make the statement fail.
-func storedKey(key string) string {
-	if len(key) <= maxKeyBytes && utf8.ValidString(key) && !containsNUL(key) {
-		return key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // Acquire begins a sign-in attempt of key, for callers that are not HTTP
 // handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
 // the key is throttled; then the password must not be checked. (In dry run
@@ -406,7 +379,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
 		return nil, errNoKey
 	}
-	key = storedKey(key)
+	key = keys.Stored(key)
 	dryRun := l.obs.DryRun()
 	if !dryRun {
 		le, gate := l.recall(key)
@@ -484,7 +457,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	key = storedKey(key)
+	key = keys.Stored(key)
 	had, err := l.q.LoginAttemptClear(ctx, l.pool, key)
 	if err != nil {
 		return 0, fmt.Errorf("signin: reset: %w", dberr.OwnTimeout(ctx, err))
