@@ -122,15 +122,16 @@ func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX) ([]*PglimitLogi
 }
 
 const loginAttemptRecordFailure = `-- name: LoginAttemptRecordFailure :one
+
 INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
 VALUES ($1::text, 1, now(), now(), now() + interval '1 millisecond' * $2::bigint)
 ON CONFLICT (key) DO UPDATE SET
-    failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
-    first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
-    last_at    = now(),
-    expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
+    failures   = CASE WHEN a.expires_at <= excluded.last_at THEN 1 ELSE a.failures + 1 END,
+    first_at   = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.first_at ELSE a.first_at END,
+    last_at    = excluded.last_at,
+    expires_at = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.expires_at ELSE a.expires_at END
 RETURNING failures, expires_at,
-          ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms
+          ceil(extract(epoch FROM expires_at - last_at) * 1000)::bigint AS retry_ms
 `
 
 type LoginAttemptRecordFailureParams struct {
@@ -144,6 +145,10 @@ type LoginAttemptRecordFailureRow struct {
 	RetryMs   int64
 }
 
+// The clock is now(), the statement's start, read once: excluded.last_at
+// in the update (the inserted row's now()), so that every function the
+// statement calls on the key's row is immutable, as Citus requires of a
+// statement it runs on one shard (sql/schema/citus/distribute.sql).
 // Counts a failed sign-in: opens a new window when there is none or the last
 // one lapsed, adds one to the live one otherwise. Concurrent failures of one
 // key serialise on the row lock ON CONFLICT takes, so none is lost.
@@ -155,25 +160,16 @@ func (q *Queries) LoginAttemptRecordFailure(ctx context.Context, db DBTX, arg *L
 }
 
 const loginAttemptReserve = `-- name: LoginAttemptReserve :one
-WITH reserved AS (
-    INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
-    VALUES ($1::text, 1, now(), now(), now() + interval '1 millisecond' * $2::bigint)
-    ON CONFLICT (key) DO UPDATE SET
-        failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
-        first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
-        last_at    = now(),
-        expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
-    WHERE a.expires_at <= now() OR a.failures < $3::int
-    RETURNING a.failures, a.expires_at
-)
-SELECT true AS reserved, r.failures, r.expires_at,
-       ceil(extract(epoch FROM r.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM reserved AS r
-UNION ALL
-SELECT false AS reserved, l.failures, l.expires_at,
-       ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM pglimit.login_attempt AS l
-WHERE l.key = $1::text AND NOT EXISTS (SELECT 1 FROM reserved)
+INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
+VALUES ($1::text, 1, now(), now(), now() + interval '1 millisecond' * $2::bigint)
+ON CONFLICT (key) DO UPDATE SET
+    failures   = CASE WHEN a.expires_at <= excluded.last_at THEN 1 ELSE a.failures + 1 END,
+    first_at   = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.first_at ELSE a.first_at END,
+    last_at    = excluded.last_at,
+    expires_at = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.expires_at ELSE a.expires_at END
+WHERE a.expires_at <= excluded.last_at OR a.failures < $3::int
+RETURNING failures, expires_at,
+          ceil(extract(epoch FROM expires_at - last_at) * 1000)::bigint AS retry_ms
 `
 
 type LoginAttemptReserveParams struct {
@@ -183,7 +179,6 @@ type LoginAttemptReserveParams struct {
 }
 
 type LoginAttemptReserveRow struct {
-	Reserved  bool
 	Failures  int32
 	ExpiresAt time.Time
 	RetryMs   int64
@@ -191,21 +186,15 @@ type LoginAttemptReserveRow struct {
 
 // Strict mode: counts the attempt as a failure before the password is
 // checked, but only while the key is under @max_failures, in one atomic
-// statement; a success then clears it. reserved is false when the limit was
-// already reached. ON CONFLICT judges the WHERE against the latest committed
-// row, so the decision is always right; the fallback SELECT, though, reads
-// the statement's snapshot, which may predate a concurrent writer: it may
-// find no row, or an older, lapsed one (retry_ms <= 0). The caller then
-// reads the row again (LoginAttemptGet, a fresh snapshot) for Retry-After.
+// statement; a success then clears it. It returns the row when the attempt
+// is reserved, and no row when the limit was already reached: the caller
+// then reads the row (LoginAttemptGet) for when its window ends. ON
+// CONFLICT judges the WHERE against the latest committed row, so the
+// decision is always right.
 func (q *Queries) LoginAttemptReserve(ctx context.Context, db DBTX, arg *LoginAttemptReserveParams) (*LoginAttemptReserveRow, error) {
 	row := db.QueryRow(ctx, loginAttemptReserve, arg.Key, arg.WindowMs, arg.MaxFailures)
 	var i LoginAttemptReserveRow
-	err := row.Scan(
-		&i.Reserved,
-		&i.Failures,
-		&i.ExpiresAt,
-		&i.RetryMs,
-	)
+	err := row.Scan(&i.Failures, &i.ExpiresAt, &i.RetryMs)
 	return &i, err
 }
 

@@ -521,19 +521,15 @@ func (l *Limiter) limitError(failures int32, retryMs int64) *LimitError {
 func (l *Limiter) reserve(ctx context.Context, key string) (*Permit, error) {
 	params := &db.LoginAttemptReserveParams{Key: key, WindowMs: l.window.Milliseconds(), MaxFailures: int32(l.max)}
 	for try := 0; ; try++ {
-		row, err := l.q.LoginAttemptReserve(ctx, l.pool, params)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("signin: reserve attempt: %w", err)
-		}
-		if err == nil && row.Reserved {
+		_, err := l.q.LoginAttemptReserve(ctx, l.pool, params)
+		if err == nil {
 			return &Permit{l: l, key: key, reserved: true}, nil
 		}
-		if err == nil && row.RetryMs > 0 {
-			return nil, l.limitError(row.Failures, row.RetryMs)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("signin: reserve attempt: %w", err)
 		}
-		// Refused, but the statement's snapshot predates the row that
-		// refused it (see LoginAttemptReserve): read it again for when its
-		// window ends. If it is gone by now, the key is free: try again.
+		// Refused: read the row for when its window ends. If it is gone by
+		// now (cleared, or lapsed and swept), the key is free: try again.
 		got, err := l.q.LoginAttemptGet(ctx, l.pool, key)
 		if err == nil && int(got.Failures) >= l.max {
 			return nil, l.limitError(got.Failures, got.RetryMs)

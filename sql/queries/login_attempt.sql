@@ -13,6 +13,11 @@ SELECT failures, expires_at,
 FROM pglimit.login_attempt
 WHERE key = @key::text AND expires_at > now();
 
+-- The clock is now(), the statement's start, read once: excluded.last_at
+-- in the update (the inserted row's now()), so that every function the
+-- statement calls on the key's row is immutable, as Citus requires of a
+-- statement it runs on one shard (sql/schema/citus/distribute.sql).
+
 -- name: LoginAttemptRecordFailure :one
 -- Counts a failed sign-in: opens a new window when there is none or the last
 -- one lapsed, adds one to the live one otherwise. Concurrent failures of one
@@ -20,41 +25,31 @@ WHERE key = @key::text AND expires_at > now();
 INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
 VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
 ON CONFLICT (key) DO UPDATE SET
-    failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
-    first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
-    last_at    = now(),
-    expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
+    failures   = CASE WHEN a.expires_at <= excluded.last_at THEN 1 ELSE a.failures + 1 END,
+    first_at   = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.first_at ELSE a.first_at END,
+    last_at    = excluded.last_at,
+    expires_at = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.expires_at ELSE a.expires_at END
 RETURNING failures, expires_at,
-          ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS retry_ms;
+          ceil(extract(epoch FROM expires_at - last_at) * 1000)::bigint AS retry_ms;
 
 -- name: LoginAttemptReserve :one
 -- Strict mode: counts the attempt as a failure before the password is
 -- checked, but only while the key is under @max_failures, in one atomic
--- statement; a success then clears it. reserved is false when the limit was
--- already reached. ON CONFLICT judges the WHERE against the latest committed
--- row, so the decision is always right; the fallback SELECT, though, reads
--- the statement's snapshot, which may predate a concurrent writer: it may
--- find no row, or an older, lapsed one (retry_ms <= 0). The caller then
--- reads the row again (LoginAttemptGet, a fresh snapshot) for Retry-After.
-WITH reserved AS (
-    INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
-    VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
-    ON CONFLICT (key) DO UPDATE SET
-        failures   = CASE WHEN a.expires_at <= now() THEN 1 ELSE a.failures + 1 END,
-        first_at   = CASE WHEN a.expires_at <= now() THEN now() ELSE a.first_at END,
-        last_at    = now(),
-        expires_at = CASE WHEN a.expires_at <= now() THEN excluded.expires_at ELSE a.expires_at END
-    WHERE a.expires_at <= now() OR a.failures < @max_failures::int
-    RETURNING a.failures, a.expires_at
-)
-SELECT true AS reserved, r.failures, r.expires_at,
-       ceil(extract(epoch FROM r.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM reserved AS r
-UNION ALL
-SELECT false AS reserved, l.failures, l.expires_at,
-       ceil(extract(epoch FROM l.expires_at - now()) * 1000)::bigint AS retry_ms
-FROM pglimit.login_attempt AS l
-WHERE l.key = @key::text AND NOT EXISTS (SELECT 1 FROM reserved);
+-- statement; a success then clears it. It returns the row when the attempt
+-- is reserved, and no row when the limit was already reached: the caller
+-- then reads the row (LoginAttemptGet) for when its window ends. ON
+-- CONFLICT judges the WHERE against the latest committed row, so the
+-- decision is always right.
+INSERT INTO pglimit.login_attempt AS a (key, failures, first_at, last_at, expires_at)
+VALUES (@key::text, 1, now(), now(), now() + interval '1 millisecond' * @window_ms::bigint)
+ON CONFLICT (key) DO UPDATE SET
+    failures   = CASE WHEN a.expires_at <= excluded.last_at THEN 1 ELSE a.failures + 1 END,
+    first_at   = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.first_at ELSE a.first_at END,
+    last_at    = excluded.last_at,
+    expires_at = CASE WHEN a.expires_at <= excluded.last_at THEN excluded.expires_at ELSE a.expires_at END
+WHERE a.expires_at <= excluded.last_at OR a.failures < @max_failures::int
+RETURNING failures, expires_at,
+          ceil(extract(epoch FROM expires_at - last_at) * 1000)::bigint AS retry_ms;
 
 -- Every write that lowers a key's count is followed by a notification to
 -- every replica (BusNotify, payload "signin", a newline, the key): a replica

@@ -1,0 +1,30 @@
+-- pglimit on a Citus coordinator (run by pglimit.Migrate after the
+-- migrations, when the extension citus is installed in the database; a
+-- no-op on plain PostgreSQL and on a database already distributed).
+--
+-- The limit tables are distributed by the column every decision names, and
+-- colocated, so that a decision's statement touches one shard, on one
+-- worker: slot by scope (its primary key is (kind, scope, slot)),
+-- login_attempt and api_request_window by key. The small tables stay on
+-- the coordinator, as plain tables: the replica registry (a heartbeat on a
+-- reference table would be a two-phase commit on every node; on the
+-- coordinator it is one local write) and the refusals per minute. The
+-- shards of an UNLOGGED table are UNLOGGED. Distributing in one
+-- transaction next to other Citus commands needs sequential mode.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RETURN;
+    END IF;
+    SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.slot'::regclass) THEN
+        PERFORM create_distributed_table('pglimit.slot', 'scope');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.login_attempt'::regclass) THEN
+        PERFORM create_distributed_table('pglimit.login_attempt', 'key', colocate_with => 'pglimit.slot');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.api_request_window'::regclass) THEN
+        PERFORM create_distributed_table('pglimit.api_request_window', 'key', colocate_with => 'pglimit.slot');
+    END IF;
+END
+$$;
