@@ -103,6 +103,52 @@ func (q *Queries) APIRequestWindowBorrow(ctx context.Context, db DBTX, arg *APIR
 	return &i, err
 }
 
+const aPIRequestWindowBorrowOnShard = `-- name: APIRequestWindowBorrowOnShard :one
+SELECT b.allowed::boolean AS allowed, b.tat::timestamptz AS tat, b.decided_at::timestamptz AS decided_at,
+       b.borrowed::int AS borrowed
+FROM pglimit.rate_borrow($1::text, $2::text, $3::text, $4::interval, $5::interval,
+                         $6::int, $7::int) AS b
+`
+
+type APIRequestWindowBorrowOnShardParams struct {
+	Name      string
+	Key       string
+	Policy    string
+	Unit      pgtype.Interval
+	Tolerance pgtype.Interval
+	Need      int32
+	Want      int32
+}
+
+type APIRequestWindowBorrowOnShardRow struct {
+	Allowed   bool
+	Tat       time.Time
+	DecidedAt time.Time
+	Borrowed  int32
+}
+
+// APIRequestWindowBorrow on Citus: no row when the key's row holds other
+// policies too.
+func (q *Queries) APIRequestWindowBorrowOnShard(ctx context.Context, db DBTX, arg *APIRequestWindowBorrowOnShardParams) (*APIRequestWindowBorrowOnShardRow, error) {
+	row := db.QueryRow(ctx, aPIRequestWindowBorrowOnShard,
+		arg.Name,
+		arg.Key,
+		arg.Policy,
+		arg.Unit,
+		arg.Tolerance,
+		arg.Need,
+		arg.Want,
+	)
+	var i APIRequestWindowBorrowOnShardRow
+	err := row.Scan(
+		&i.Allowed,
+		&i.Tat,
+		&i.DecidedAt,
+		&i.Borrowed,
+	)
+	return &i, err
+}
+
 const aPIRequestWindowDecide = `-- name: APIRequestWindowDecide :one
 WITH request AS (
     SELECT $3::text[] AS policies, $4::interval[] AS increments,
@@ -189,6 +235,51 @@ func (q *Queries) APIRequestWindowDecide(ctx context.Context, db DBTX, arg *APIR
 		arg.Tolerances,
 	)
 	var i APIRequestWindowDecideRow
+	err := row.Scan(
+		&i.Allowed,
+		&i.Policies,
+		&i.Tats,
+		&i.DecidedAt,
+	)
+	return &i, err
+}
+
+const aPIRequestWindowDecideOnShard = `-- name: APIRequestWindowDecideOnShard :one
+
+SELECT d.allowed::boolean AS allowed, d.policies::text[] AS policies, d.tats::timestamptz[] AS tats,
+       d.decided_at::timestamptz AS decided_at
+FROM pglimit.rate_decide($1::text, $2::text, $3::text[], $4::interval[], $5::interval[]) AS d
+`
+
+type APIRequestWindowDecideOnShardParams struct {
+	Name       string
+	Key        string
+	Policies   []string
+	Increments []pgtype.Interval
+	Tolerances []pgtype.Interval
+}
+
+type APIRequestWindowDecideOnShardRow struct {
+	Allowed   bool
+	Policies  []string
+	Tats      []time.Time
+	DecidedAt time.Time
+}
+
+// On Citus (sql/schema/citus/distribute.sql) a decision is a function
+// distributed with the table, which runs on the shard of its key
+// (migration 00006 says why). ratelimit makes every decision with these
+// there, and with the statements above on one server.
+// APIRequestWindowDecide on Citus.
+func (q *Queries) APIRequestWindowDecideOnShard(ctx context.Context, db DBTX, arg *APIRequestWindowDecideOnShardParams) (*APIRequestWindowDecideOnShardRow, error) {
+	row := db.QueryRow(ctx, aPIRequestWindowDecideOnShard,
+		arg.Name,
+		arg.Key,
+		arg.Policies,
+		arg.Increments,
+		arg.Tolerances,
+	)
+	var i APIRequestWindowDecideOnShardRow
 	err := row.Scan(
 		&i.Allowed,
 		&i.Policies,
@@ -313,6 +404,21 @@ WHERE (name, key) IN (
 // and kept.
 func (q *Queries) APIRequestWindowDeleteLapsed(ctx context.Context, db DBTX, batch int32) (int64, error) {
 	result, err := db.Exec(ctx, aPIRequestWindowDeleteLapsed, batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const aPIRequestWindowDeleteLapsedAll = `-- name: APIRequestWindowDeleteLapsedAll :execrows
+DELETE FROM pglimit.api_request_window WHERE expires_at <= now()
+`
+
+// Housekeeping on Citus (see SlotDeleteLapsedAll): every row whose TATs
+// have all passed, on all shards at once; a row a decision moved forward
+// meanwhile is judged again under its lock and kept.
+func (q *Queries) APIRequestWindowDeleteLapsedAll(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.Exec(ctx, aPIRequestWindowDeleteLapsedAll)
 	if err != nil {
 		return 0, err
 	}

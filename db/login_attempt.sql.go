@@ -58,6 +58,20 @@ func (q *Queries) LoginAttemptDeleteLapsed(ctx context.Context, db DBTX, batch i
 	return result.RowsAffected(), nil
 }
 
+const loginAttemptDeleteLapsedAll = `-- name: LoginAttemptDeleteLapsedAll :execrows
+DELETE FROM pglimit.login_attempt WHERE expires_at <= now()
+`
+
+// Housekeeping on Citus (see SlotDeleteLapsedAll): every lapsed row, on
+// all shards at once.
+func (q *Queries) LoginAttemptDeleteLapsedAll(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.Exec(ctx, loginAttemptDeleteLapsedAll)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const loginAttemptGet = `-- name: LoginAttemptGet :one
 
 SELECT failures, expires_at,

@@ -22,3 +22,17 @@ func (q *Queries) SchemaCreate(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, schemaCreate)
 	return err
 }
+
+const schemaOnCitus = `-- name: SchemaOnCitus :one
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS on_citus
+`
+
+// Whether the database is a Citus cluster's (the extension citus is
+// installed): pglimit.Migrate has then distributed the limit tables, and
+// the limiters decide with the functions that run on a key's shard.
+func (q *Queries) SchemaOnCitus(ctx context.Context, db DBTX) (bool, error) {
+	row := db.QueryRow(ctx, schemaOnCitus)
+	var on_citus bool
+	err := row.Scan(&on_citus)
+	return on_citus, err
+}

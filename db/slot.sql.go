@@ -351,6 +351,51 @@ func (q *Queries) SlotClaimLone(ctx context.Context, db DBTX, arg *SlotClaimLone
 	return &i, err
 }
 
+const slotClaimOnShard = `-- name: SlotClaimOnShard :one
+SELECT c.granted_slot::int AS granted_slot, c.live::int AS live, c.first_lapse_ms::bigint AS first_lapse_ms
+FROM pglimit.slot_claim($1::text, $2::text, $3::int, ($4::text)::uuid, $5::text,
+                        $6::text, $7::text, $8::bigint) AS c
+`
+
+type SlotClaimOnShardParams struct {
+	Scope    string
+	Kind     string
+	Cap      int32
+	LeaseID  string
+	Holder   string
+	Endpoint string
+	Replica  string
+	LeaseMs  int64
+}
+
+type SlotClaimOnShardRow struct {
+	GrantedSlot  int32
+	Live         int32
+	FirstLapseMs int64
+}
+
+// A claim of one slot of one scope on Citus (sql/schema/citus/distribute.sql),
+// where the statements above are not one shard's: pglimit.slot_claim
+// (migration 00006), distributed with the slot table, judges it on the
+// scope's shard to the end (a lost race is tried again there). A claim in
+// two scopes runs it for each, in scope order, in one transaction, and
+// rolls back unless both were granted.
+func (q *Queries) SlotClaimOnShard(ctx context.Context, db DBTX, arg *SlotClaimOnShardParams) (*SlotClaimOnShardRow, error) {
+	row := db.QueryRow(ctx, slotClaimOnShard,
+		arg.Scope,
+		arg.Kind,
+		arg.Cap,
+		arg.LeaseID,
+		arg.Holder,
+		arg.Endpoint,
+		arg.Replica,
+		arg.LeaseMs,
+	)
+	var i SlotClaimOnShardRow
+	err := row.Scan(&i.GrantedSlot, &i.Live, &i.FirstLapseMs)
+	return &i, err
+}
+
 const slotClaimTwo = `-- name: SlotClaimTwo :many
 WITH want AS MATERIALIZED (
     SELECT w.pos, w.scope, w.cap, l.live, l.first_lapse, l.free
@@ -499,6 +544,47 @@ func (q *Queries) SlotDeleteLapsed(ctx context.Context, db DBTX, batch int32) ([
 	var items []*SlotDeleteLapsedRow
 	for rows.Next() {
 		var i SlotDeleteLapsedRow
+		if err := rows.Scan(&i.Kind, &i.Deleted); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const slotDeleteLapsedAll = `-- name: SlotDeleteLapsedAll :many
+WITH gone AS (
+    DELETE FROM pglimit.slot WHERE expires_at <= now()
+    RETURNING kind
+)
+SELECT kind, count(*)::bigint AS deleted
+FROM gone
+GROUP BY kind
+ORDER BY kind
+`
+
+type SlotDeleteLapsedAllRow struct {
+	Kind    string
+	Deleted int64
+}
+
+// Housekeeping on Citus, where a statement over every shard cannot take
+// row locks with SKIP LOCKED (SlotDeleteLapsed): deletes every lapsed slot
+// in one statement that runs on all shards at once. A row a claimer holds
+// is waited for and judged again under its lock (kept if it was claimed
+// again meanwhile).
+func (q *Queries) SlotDeleteLapsedAll(ctx context.Context, db DBTX) ([]*SlotDeleteLapsedAllRow, error) {
+	rows, err := db.Query(ctx, slotDeleteLapsedAll)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*SlotDeleteLapsedAllRow
+	for rows.Next() {
+		var i SlotDeleteLapsedAllRow
 		if err := rows.Scan(&i.Kind, &i.Deleted); err != nil {
 			return nil, err
 		}

@@ -423,8 +423,16 @@ func (l *Leaser) send(ops []*op, caller context.Context) {
 		err  error
 		b    = &batch{conn: l.pool}
 	)
+	onShard, cerr := l.citus.On(ctx, l.pool)
 	// The statements travel in one batch: see sql/queries/slot.sql.
 	switch {
+	case cerr != nil:
+		err = cerr
+	case onShard:
+		rows, err = l.onShard(ctx, ops, claims)
+		if err == nil && len(claims) > 0 {
+			err = l.judge(claims, rows)
+		}
 	case len(claims) == 0 && len(ops) == 1 && len(ops[0].slotNos) == 1 && len(ops[0].release) == 1:
 		// One release of one slot: its row by its primary key.
 		o := ops[0]
@@ -544,6 +552,97 @@ func (l *Leaser) send(ops []*op, caller context.Context) {
 	for _, o := range done {
 		close(o.done)
 	}
+}
+
+// onShard sends ops on a Citus cluster, where each statement must be one
+// shard's: each release by its slots' primary keys (SlotReleaseOne; a
+// release without its slot numbers, SlotRelease for each scope), then each
+// claim with SlotClaimOnShard, which judges it on its scope's shard to the
+// end (it never loses a race). A claim in two scopes is a transaction of
+// its own (on Citus, a distributed one: both shards commit or neither)
+// that claims them in scope order and commits only when both were
+// granted. The rows are SlotClaim's, one per claim and scope.
+func (l *Leaser) onShard(ctx context.Context, ops, claims []*op) ([]*db.SlotClaimRow, error) {
+	for _, o := range ops {
+		if o.claim != nil {
+			continue
+		}
+		for i, scope := range o.release {
+			var err error
+			if len(o.slotNos) == len(o.release) {
+				err = l.q.SlotReleaseOne(ctx, l.pool, &db.SlotReleaseOneParams{Kind: string(l.kind),
+					Scope: scope, Slot: int32(o.slotNos[i]), LeaseID: o.id.String()})
+			} else {
+				_, err = l.q.SlotRelease(ctx, l.pool, &db.SlotReleaseParams{Kind: string(l.kind),
+					Scopes: []string{scope}, LeaseIds: []string{o.id.String()}})
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	var rows []*db.SlotClaimRow
+	for n, o := range claims {
+		c := o.claim
+		mine := make([]*db.SlotClaimRow, len(c.Scopes))
+		claimIn := func(conn db.DBTX, k int) error {
+			s := c.Scopes[k]
+			r, err := l.q.SlotClaimOnShard(ctx, conn, &db.SlotClaimOnShardParams{Scope: s.Key, Kind: string(l.kind),
+				Cap: int32(s.Cap), LeaseID: o.id.String(), Holder: c.Holder, Endpoint: c.Endpoint,
+				Replica: l.replica, LeaseMs: c.Lease.Milliseconds()})
+			if err != nil {
+				return err
+			}
+			mine[k] = &db.SlotClaimRow{Claim: int32(n + 1), Pos: int32(k + 1), GrantedSlot: r.GrantedSlot,
+				Live: r.Live, Cap: int32(s.Cap), FirstLapseMs: r.FirstLapseMs}
+			return nil
+		}
+		if len(c.Scopes) == 1 {
+			if err := claimIn(l.pool, 0); err != nil {
+				return nil, err
+			}
+		} else if err := l.claimBoth(ctx, c, mine, claimIn); err != nil {
+			return nil, err
+		}
+		for k, r := range mine {
+			if r == nil { // not tried: a scope before it refused
+				mine[k] = &db.SlotClaimRow{Claim: int32(n + 1), Pos: int32(k + 1), Cap: int32(c.Scopes[k].Cap)}
+			}
+		}
+		rows = append(rows, mine...)
+	}
+	return rows, nil
+}
+
+// claimBoth claims c's two scopes in one transaction, in scope order
+// (two claims of the same scopes wait for each other's rows in one order,
+// never in a cycle), and commits only when both were granted; otherwise it
+// rolls back and marks none granted.
+func (l *Leaser) claimBoth(ctx context.Context, c *Claim, mine []*db.SlotClaimRow,
+	claimIn func(db.DBTX, int) error) error {
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	order := []int{0, 1}
+	if c.Scopes[1].Key < c.Scopes[0].Key {
+		order = []int{1, 0}
+	}
+	for _, k := range order {
+		if err := claimIn(tx, k); err != nil {
+			return err
+		}
+		if mine[k].GrantedSlot == 0 {
+			for _, r := range mine {
+				if r != nil {
+					r.GrantedSlot = 0
+				}
+			}
+			return tx.Rollback(ctx)
+		}
+	}
+	return tx.Commit(ctx)
 }
 
 // coarse hands out a context that ends between d and d + d/32 from now:

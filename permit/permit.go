@@ -75,6 +75,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/citus"
 	"github.com/pglimit/pglimit/internal/procname"
 )
 
@@ -110,6 +111,7 @@ const (
 type dbtx interface {
 	db.DBTX
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Scope is one limit a claim must fit in: at most Cap live slots under Key.
@@ -202,8 +204,9 @@ type Leaser struct {
 	q        *db.Queries
 	log      *slog.Logger
 	onRel    func(time.Duration, error)
-	bound    coarse // each round trip's bound: timeout
-	answer   coarse // ReleaseWithin's bound: answerWait
+	bound    coarse         // each round trip's bound: timeout
+	answer   coarse         // ReleaseWithin's bound: answerWait
+	citus    citus.Detector // whether claims run on a Citus scope's shard (onShard)
 
 	mu        sync.Mutex
 	queue     []*op

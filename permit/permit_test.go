@@ -34,11 +34,21 @@ func replicas(t *testing.T, n int, conns int32) ([]*pgxpool.Pool, string) {
 
 func leasers(t *testing.T, pools []*pgxpool.Pool, table permit.Kind) []*permit.Leaser {
 	t.Helper()
+	return leasersVia(t, pools, table, false)
+}
+
+// leasersVia is leasers that claim, when onShard, with the function a
+// Citus cluster runs on a scope's shard.
+func leasersVia(t *testing.T, pools []*pgxpool.Pool, table permit.Kind, onShard bool) []*permit.Leaser {
+	t.Helper()
 	out := make([]*permit.Leaser, len(pools))
 	for i, p := range pools {
 		l, err := permit.New(p, permit.Options{Kind: table, Replica: fmt.Sprintf("r%d", i)})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if onShard {
+			permit.OnShard(l)
 		}
 		out[i] = l
 		// Registered after the pool's own cleanup, so it runs first: no
@@ -67,64 +77,66 @@ func TestBurstGrantsExactlyCap(t *testing.T) {
 	t.Parallel()
 	for _, table := range []permit.Kind{permit.HeavyPermit, permit.RequestInFlight, permit.UploadWindow} {
 		for _, capacity := range []int{4, 16} {
-			t.Run(fmt.Sprintf("%s/cap%d", table, capacity), func(t *testing.T) {
-				t.Parallel()
-				pools, _ := replicas(t, 4, 4)
-				ls := leasers(t, pools, table)
-				const claimers = 16
-				rounds := 150
-				if testing.Short() {
-					rounds = 30
-				}
-				ctx := context.Background()
-				for round := 0; round < rounds; round++ {
-					var (
-						start   = make(chan struct{})
-						wg      sync.WaitGroup
-						mu      sync.Mutex
-						granted []*permit.Lease
-						refused int
-						errs    []error
-					)
-					for c := 0; c < claimers; c++ {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							<-start
-							lease, err := ls[c%len(ls)].Claim(ctx, permit.Claim{
-								Scopes: []permit.Scope{{Key: "burst", Cap: capacity}},
-								Holder: fmt.Sprintf("c%d", c), Endpoint: "test", Lease: time.Minute,
-							})
-							mu.Lock()
-							defer mu.Unlock()
-							switch {
-							case err == nil:
-								granted = append(granted, lease)
-							case errors.Is(err, permit.ErrRefused):
-								refused++
-							default:
-								errs = append(errs, err)
-							}
-						}()
+			for _, onShard := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/cap%d%s", table, capacity, map[bool]string{true: "/shard function"}[onShard]), func(t *testing.T) {
+					t.Parallel()
+					pools, _ := replicas(t, 4, 4)
+					ls := leasersVia(t, pools, table, onShard)
+					const claimers = 16
+					rounds := 150
+					if testing.Short() {
+						rounds = 30
 					}
-					close(start)
-					wg.Wait()
-					if len(errs) > 0 {
-						t.Fatalf("round %d: %v", round, errs[0])
-					}
-					if want := min(capacity, claimers); len(granted) != want {
-						t.Fatalf("round %d: granted %d, refused %d; want exactly %d granted", round, len(granted), refused, want)
-					}
-					for _, l := range granted {
-						if err := l.Release(ctx); err != nil {
-							t.Fatal(err)
+					ctx := context.Background()
+					for round := 0; round < rounds; round++ {
+						var (
+							start   = make(chan struct{})
+							wg      sync.WaitGroup
+							mu      sync.Mutex
+							granted []*permit.Lease
+							refused int
+							errs    []error
+						)
+						for c := 0; c < claimers; c++ {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								<-start
+								lease, err := ls[c%len(ls)].Claim(ctx, permit.Claim{
+									Scopes: []permit.Scope{{Key: "burst", Cap: capacity}},
+									Holder: fmt.Sprintf("c%d", c), Endpoint: "test", Lease: time.Minute,
+								})
+								mu.Lock()
+								defer mu.Unlock()
+								switch {
+								case err == nil:
+									granted = append(granted, lease)
+								case errors.Is(err, permit.ErrRefused):
+									refused++
+								default:
+									errs = append(errs, err)
+								}
+							}()
 						}
+						close(start)
+						wg.Wait()
+						if len(errs) > 0 {
+							t.Fatalf("round %d: %v", round, errs[0])
+						}
+						if want := min(capacity, claimers); len(granted) != want {
+							t.Fatalf("round %d: granted %d, refused %d; want exactly %d granted", round, len(granted), refused, want)
+						}
+						for _, l := range granted {
+							if err := l.Release(ctx); err != nil {
+								t.Fatal(err)
+							}
+						}
+						// The next round's claimers are other replicas too:
+						// every release must have landed.
+						flushAll(t, ls)
 					}
-					// The next round's claimers are other replicas too:
-					// every release must have landed.
-					flushAll(t, ls)
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -134,10 +146,29 @@ func TestBurstGrantsExactlyCap(t *testing.T) {
 // either, and the refusal names the installation scope.
 func TestClaimIsAllOrNothing(t *testing.T) {
 	t.Parallel()
+	// On a scope's shard the two scopes are claimed one after the other,
+	// in key order, in one transaction: "~installation" sorts after the
+	// user's scope, so the user's slot is taken and must be rolled back.
+	for _, tc := range []struct {
+		name, installation string
+		onShard            bool
+	}{
+		{"statements", "installation", false},
+		{"shard function", "installation", true},
+		{"shard function, installation last", "~installation", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			claimIsAllOrNothing(t, tc.installation, tc.onShard)
+		})
+	}
+}
+
+func claimIsAllOrNothing(t *testing.T, installation string, onShard bool) {
 	pools, _ := replicas(t, 2, 2)
-	ls := leasers(t, pools, permit.HeavyPermit)
+	ls := leasersVia(t, pools, permit.HeavyPermit, onShard)
 	ctx := context.Background()
-	inst := permit.Scope{Key: "installation", Cap: 1}
+	inst := permit.Scope{Key: installation, Cap: 1}
 	held, err := ls[0].Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:bob", Cap: 2}, inst}, Holder: "bob", Endpoint: "x", Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)

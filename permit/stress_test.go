@@ -31,8 +31,17 @@ type attempt struct {
 // when fewer than 4 attempts of anyone were.
 func TestNoFalseRefusalsUnderChurn(t *testing.T) {
 	t.Parallel()
+	for _, onShard := range []bool{false, true} {
+		t.Run(map[bool]string{false: "statements", true: "shard function"}[onShard], func(t *testing.T) {
+			t.Parallel()
+			noFalseRefusalsUnderChurn(t, onShard)
+		})
+	}
+}
+
+func noFalseRefusalsUnderChurn(t *testing.T, onShard bool) {
 	pools, _ := replicas(t, 3, 4)
-	ls := leasers(t, pools, permit.HeavyPermit)
+	ls := leasersVia(t, pools, permit.HeavyPermit, onShard)
 	const users, callers = 4, 6
 	d := 4 * time.Second
 	if testing.Short() {

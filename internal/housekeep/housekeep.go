@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/citus"
 )
 
 // Defaults of Options.
@@ -96,6 +97,7 @@ type Housekeeper struct {
 	timeout  time.Duration
 	deleted  metric.Int64Counter
 	log      *slog.Logger
+	citus    citus.Detector
 }
 
 // New returns a Housekeeper over pool.
@@ -156,34 +158,58 @@ func (h *Housekeeper) Run(ctx context.Context) error {
 }
 
 // sweeper deletes at most batch lapsed rows of the tables it covers, in the
-// transaction it is given, and counts them by table.
-type sweeper func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error)
+// transaction it is given, and counts them by table. On Citus (onShards)
+// the distributed tables are swept whole, on every shard at once: a
+// statement over all shards cannot skip locked rows.
+type sweeper func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error)
 
 // sweepers cover every limit table. The slot tables share one shape and
 // one statement (on their parent, pglimit.slot), which counts by kind: a
 // kind is its partition's name.
 var sweepers = []sweeper{
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		rows, err := q.SlotDeleteLapsed(ctx, tx, batch)
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+		var rows []*db.SlotDeleteLapsedRow
+		var err error
+		if onShards {
+			var all []*db.SlotDeleteLapsedAllRow
+			all, err = q.SlotDeleteLapsedAll(ctx, tx)
+			for _, r := range all {
+				rows = append(rows, (*db.SlotDeleteLapsedRow)(r))
+			}
+		} else {
+			rows, err = q.SlotDeleteLapsed(ctx, tx, batch)
+		}
 		out := map[string]int64{}
 		for _, r := range rows {
 			out[r.Kind] = r.Deleted
 		}
 		return out, err
 	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.LoginAttemptDeleteLapsed(ctx, tx, batch)
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+		var n int64
+		var err error
+		if onShards {
+			n, err = q.LoginAttemptDeleteLapsedAll(ctx, tx)
+		} else {
+			n, err = q.LoginAttemptDeleteLapsed(ctx, tx, batch)
+		}
 		return map[string]int64{"login_attempt": n}, err
 	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
 		n, err := q.ReplicaDeleteLapsed(ctx, tx, batch)
 		return map[string]int64{"replica": n}, err
 	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
-		n, err := q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+		var n int64
+		var err error
+		if onShards {
+			n, err = q.APIRequestWindowDeleteLapsedAll(ctx, tx)
+		} else {
+			n, err = q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
+		}
 		return map[string]int64{"api_request_window": n}, err
 	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32) (map[string]int64, error) {
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
 		n, err := q.RefusalMinuteDeleteLapsed(ctx, tx, batch)
 		return map[string]int64{"refusal_minute": n}, err
 	},
@@ -263,7 +289,11 @@ func (h *Housekeeper) batchOnce(ctx context.Context, sw sweeper) (map[string]int
 	if !locked {
 		return nil, errLockTaken
 	}
-	got, err := sw(ctx, tx, h.q, h.batch)
+	onShards, err := h.citus.On(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	got, err := sw(ctx, tx, h.q, h.batch, onShards)
 	if err != nil {
 		return got, err
 	}

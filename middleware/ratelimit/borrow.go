@@ -274,10 +274,19 @@ func (bw *borrower) borrow(ctx context.Context, hk *hotKey, key string, cost int
 	seq := l.memory.Seq()
 	sent := time.Now()
 	dctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	row, err := l.q.APIRequestWindowBorrow(dctx, l.pool, &db.APIRequestWindowBorrowParams{
+	arg := &db.APIRequestWindowBorrowParams{
 		Name: l.name, Key: key, Policy: p.Name, Unit: micros(t), Tolerance: micros(t * int64(p.burst())),
 		Need: int32(cost), Want: int32(want),
-	})
+	}
+	var row *db.APIRequestWindowBorrowRow
+	onShard, err := l.citus.On(dctx, l.pool)
+	if err == nil && onShard {
+		var r *db.APIRequestWindowBorrowOnShardRow
+		r, err = l.q.APIRequestWindowBorrowOnShard(dctx, l.pool, (*db.APIRequestWindowBorrowOnShardParams)(arg))
+		row = (*db.APIRequestWindowBorrowRow)(r)
+	} else if err == nil {
+		row, err = l.q.APIRequestWindowBorrow(dctx, l.pool, arg)
+	}
 	received := time.Now()
 	err = dberr.OwnTimeout(dctx, err)
 	cancel()

@@ -4,6 +4,11 @@ package ratelimit
 // hold both statements to the same model.
 func GeneralOnly(l *Limiter) { l.generalOnly = true }
 
+// OnShard makes l decide with the functions a Citus cluster runs on a
+// key's shard (APIRequestWindowDecideOnShard, APIRequestWindowBorrowOnShard)
+// on one server, so tests hold them to the same model.
+func OnShard(l *Limiter) { l.citus.Set(true) }
+
 // ErrInvalidCost is matched by the error of a negative cost.
 var ErrInvalidCost = errInvalidCost
 

@@ -113,6 +113,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/citus"
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/memo"
@@ -222,6 +223,9 @@ type Limiter struct {
 	// generalOnly makes every decision use APIRequestWindowDecide (tests
 	// compare the two statements).
 	generalOnly bool
+	// citus tells whether decisions run on a Citus key's shard
+	// (APIRequestWindowDecideOnShard, APIRequestWindowBorrowOnShard).
+	citus citus.Detector
 }
 
 // New returns a Limiter counting in pool's database, which must have
@@ -585,7 +589,11 @@ func (l *Limiter) decide(ctx context.Context, key string, cost int, policies []P
 }
 
 func (l *Limiter) decideOn(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
-	if len(policies) == 1 && !l.generalOnly {
+	onShard, err := l.citus.On(ctx, l.pool)
+	if err != nil {
+		return nil, err
+	}
+	if len(policies) == 1 && !l.generalOnly && !onShard {
 		p := policies[0]
 		row, err := l.q.APIRequestWindowDecideOne(ctx, l.pool, &db.APIRequestWindowDecideOneParams{
 			Name: l.name, Key: key, Policy: p.Name,
@@ -608,8 +616,14 @@ func (l *Limiter) decideOn(ctx context.Context, key string, cost int, policies [
 		arg.Increments[i] = micros(p.emission() * int64(cost))
 		arg.Tolerances[i] = micros(p.emission() * int64(p.burst()))
 	}
-	row, err := l.q.APIRequestWindowDecide(ctx, l.pool, arg)
-	if err != nil {
+	var row *db.APIRequestWindowDecideRow
+	if onShard {
+		r, err := l.q.APIRequestWindowDecideOnShard(ctx, l.pool, (*db.APIRequestWindowDecideOnShardParams)(arg))
+		if err != nil {
+			return nil, err
+		}
+		row = (*db.APIRequestWindowDecideRow)(r)
+	} else if row, err = l.q.APIRequestWindowDecide(ctx, l.pool, arg); err != nil {
 		return nil, err
 	}
 	tats := make([]time.Time, len(policies))

@@ -17,19 +17,32 @@ import (
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )
 
+// via is what the limiters decide with.
+type via int
+
+const (
+	viaStatements via = iota // the statements of one server
+	viaGeneral               // APIRequestWindowDecide alone
+	viaShard                 // the functions a Citus cluster runs on a key's shard
+)
+
+func (v via) String() string {
+	return [...]string{"statements", "general statement", "shard functions"}[v]
+}
+
 // hammer runs workers per pool (each pool a replica with a limiter of its
 // own) deciding for one key for d, with costs from cost, and returns every
 // decision as the workers saw it.
 func hammer(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, policies []ratelimit.Policy,
-	general bool, cost func(*rand.Rand) int) []record {
+	with via, cost func(*rand.Rand) int) []record {
 	t.Helper()
-	return hammerWith(t, pools, workers, d, ratelimit.Options{Policies: policies}, general, cost)
+	return hammerWith(t, pools, workers, d, ratelimit.Options{Policies: policies}, with, cost)
 }
 
 // hammerWith is hammer with the limiters' options (Policies set, the rest
 // as the test wants).
 func hammerWith(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, opts ratelimit.Options,
-	general bool, cost func(*rand.Rand) int) []record {
+	with via, cost func(*rand.Rand) int) []record {
 	t.Helper()
 	limiters := make([]*ratelimit.Limiter, len(pools))
 	for i, pool := range pools {
@@ -40,8 +53,11 @@ func hammerWith(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duratio
 		if err != nil {
 			t.Fatal(err)
 		}
-		if general {
+		switch with {
+		case viaGeneral:
 			ratelimit.GeneralOnly(l)
+		case viaShard:
+			ratelimit.OnShard(l)
 		}
 		limiters[i] = l
 	}
@@ -102,14 +118,15 @@ func hammerTime() time.Duration {
 // admit, in every interval of length L, at most burst + rate × L requests
 // (by the decision times the answers carry), refuse none the model says
 // had room, and tell each refused request the exact Retry-After — with the
-// one-policy statement and with the general one.
+// one-policy statement, with the general one, and with the function a
+// Citus cluster runs on the key's shard.
 func TestReplicasHoldTheRate(t *testing.T) {
 	t.Parallel()
 	policies := []ratelimit.Policy{{Name: "api", Limit: 50, Window: time.Second, Burst: 10}}
-	for _, general := range []bool{false, true} {
-		t.Run(map[bool]string{false: "one-policy statement", true: "general statement"}[general], func(t *testing.T) {
+	for _, with := range []via{viaStatements, viaGeneral, viaShard} {
+		t.Run(with.String(), func(t *testing.T) {
 			t.Parallel()
-			recs := hammer(t, threePools(t), 4, hammerTime(), policies, general, func(*rand.Rand) int { return 1 })
+			recs := hammer(t, threePools(t), 4, hammerTime(), policies, with, func(*rand.Rand) int { return 1 })
 			v := judge(policies, recs)
 			holds(t, v)
 			// Demand outran the rate: the limiter must have admitted close to
@@ -135,17 +152,22 @@ func TestReplicasAllOrNothing(t *testing.T) {
 		{Name: "fast", Limit: 40, Window: time.Second, Burst: 4},
 		{Name: "slow", Limit: 15, Window: time.Second, Burst: 12},
 	}
-	recs := hammer(t, threePools(t), 4, hammerTime(), policies, false, func(*rand.Rand) int { return 1 })
-	v := judge(policies, recs)
-	holds(t, v)
-	byPolicy := map[string]int{}
-	for _, r := range recs {
-		for _, p := range r.violated {
-			byPolicy[p]++
-		}
-	}
-	if byPolicy["fast"] == 0 || byPolicy["slow"] == 0 {
-		t.Errorf("refusals by policy %v: both policies must have refused for the test to prove anything", byPolicy)
+	for _, with := range []via{viaStatements, viaShard} {
+		t.Run(with.String(), func(t *testing.T) {
+			t.Parallel()
+			recs := hammer(t, threePools(t), 4, hammerTime(), policies, with, func(*rand.Rand) int { return 1 })
+			v := judge(policies, recs)
+			holds(t, v)
+			byPolicy := map[string]int{}
+			for _, r := range recs {
+				for _, p := range r.violated {
+					byPolicy[p]++
+				}
+			}
+			if byPolicy["fast"] == 0 || byPolicy["slow"] == 0 {
+				t.Errorf("refusals by policy %v: both policies must have refused for the test to prove anything", byPolicy)
+			}
+		})
 	}
 }
 
@@ -155,6 +177,11 @@ func TestReplicasAllOrNothing(t *testing.T) {
 func TestReplicasWeightedCost(t *testing.T) {
 	t.Parallel()
 	policies := []ratelimit.Policy{{Name: "units", Limit: 60, Window: time.Second, Burst: 8}}
-	recs := hammer(t, threePools(t), 4, hammerTime(), policies, false, func(r *rand.Rand) int { return 1 + r.IntN(4) })
-	holds(t, judge(policies, recs))
+	for _, with := range []via{viaStatements, viaShard} {
+		t.Run(with.String(), func(t *testing.T) {
+			t.Parallel()
+			recs := hammer(t, threePools(t), 4, hammerTime(), policies, with, func(r *rand.Rand) int { return 1 + r.IntN(4) })
+			holds(t, judge(policies, recs))
+		})
+	}
 }

@@ -221,3 +221,28 @@ WHERE (name, key) IN (
     LIMIT @batch::int
     FOR UPDATE SKIP LOCKED
 );
+
+-- On Citus (sql/schema/citus/distribute.sql) a decision is a function
+-- distributed with the table, which runs on the shard of its key
+-- (migration 00006 says why). ratelimit makes every decision with these
+-- there, and with the statements above on one server.
+
+-- name: APIRequestWindowDecideOnShard :one
+-- APIRequestWindowDecide on Citus.
+SELECT d.allowed::boolean AS allowed, d.policies::text[] AS policies, d.tats::timestamptz[] AS tats,
+       d.decided_at::timestamptz AS decided_at
+FROM pglimit.rate_decide(@name::text, @key::text, @policies::text[], @increments::interval[], @tolerances::interval[]) AS d;
+
+-- name: APIRequestWindowBorrowOnShard :one
+-- APIRequestWindowBorrow on Citus: no row when the key's row holds other
+-- policies too.
+SELECT b.allowed::boolean AS allowed, b.tat::timestamptz AS tat, b.decided_at::timestamptz AS decided_at,
+       b.borrowed::int AS borrowed
+FROM pglimit.rate_borrow(@name::text, @key::text, @policy::text, @unit::interval, @tolerance::interval,
+                         @need::int, @want::int) AS b;
+
+-- name: APIRequestWindowDeleteLapsedAll :execrows
+-- Housekeeping on Citus (see SlotDeleteLapsedAll): every row whose TATs
+-- have all passed, on all shards at once; a row a decision moved forward
+-- meanwhile is judged again under its lock and kept.
+DELETE FROM pglimit.api_request_window WHERE expires_at <= now();

@@ -92,3 +92,8 @@ WHERE key IN (
     LIMIT @batch::int
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: LoginAttemptDeleteLapsedAll :execrows
+-- Housekeeping on Citus (see SlotDeleteLapsedAll): every lapsed row, on
+-- all shards at once.
+DELETE FROM pglimit.login_attempt WHERE expires_at <= now();

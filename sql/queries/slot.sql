@@ -396,3 +396,29 @@ SELECT kind, count(*)::bigint AS deleted
 FROM gone
 GROUP BY kind
 ORDER BY kind;
+
+-- name: SlotClaimOnShard :one
+-- A claim of one slot of one scope on Citus (sql/schema/citus/distribute.sql),
+-- where the statements above are not one shard's: pglimit.slot_claim
+-- (migration 00006), distributed with the slot table, judges it on the
+-- scope's shard to the end (a lost race is tried again there). A claim in
+-- two scopes runs it for each, in scope order, in one transaction, and
+-- rolls back unless both were granted.
+SELECT c.granted_slot::int AS granted_slot, c.live::int AS live, c.first_lapse_ms::bigint AS first_lapse_ms
+FROM pglimit.slot_claim(@scope::text, @kind::text, @cap::int, (@lease_id::text)::uuid, @holder::text,
+                        @endpoint::text, @replica::text, @lease_ms::bigint) AS c;
+
+-- name: SlotDeleteLapsedAll :many
+-- Housekeeping on Citus, where a statement over every shard cannot take
+-- row locks with SKIP LOCKED (SlotDeleteLapsed): deletes every lapsed slot
+-- in one statement that runs on all shards at once. A row a claimer holds
+-- is waited for and judged again under its lock (kept if it was claimed
+-- again meanwhile).
+WITH gone AS (
+    DELETE FROM pglimit.slot WHERE expires_at <= now()
+    RETURNING kind
+)
+SELECT kind, count(*)::bigint AS deleted
+FROM gone
+GROUP BY kind
+ORDER BY kind;

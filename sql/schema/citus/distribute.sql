@@ -26,5 +26,19 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.api_request_window'::regclass) THEN
         PERFORM create_distributed_table('pglimit.api_request_window', 'key', colocate_with => 'pglimit.slot');
     END IF;
+    -- The decisions (migration 00006): each call runs on the worker that
+    -- holds the shard of its key or scope, and touches that shard alone.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object WHERE objid = 'pglimit.rate_decide(text,text,text[],interval[],interval[])'::regprocedure AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('pglimit.rate_decide(text,text,text[],interval[],interval[])', 'p_key',
+                                            colocate_with => 'pglimit.api_request_window');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object WHERE objid = 'pglimit.rate_borrow(text,text,text,interval,interval,int,int)'::regprocedure AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('pglimit.rate_borrow(text,text,text,interval,interval,int,int)', 'p_key',
+                                            colocate_with => 'pglimit.api_request_window');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object WHERE objid = 'pglimit.slot_claim(text,text,int,uuid,text,text,text,bigint)'::regprocedure AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('pglimit.slot_claim(text,text,int,uuid,text,text,text,bigint)', 'p_scope',
+                                            colocate_with => 'pglimit.slot');
+    END IF;
 END
 $$;
