@@ -17,8 +17,10 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/harness/citustest"
+	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/permit"
 )
 
 // statementLog records every statement a pool runs, with its arguments.
@@ -64,10 +66,13 @@ func (s *statementLog) byName() map[string]statementCall {
 // coordinator; the sign-in throttle works there as on one server (reset
 // and the refusal answered from memory included); and every statement its
 // decisions make is a router statement — one task, on the shard of its
-// key — by Citus' own plan (EXPLAIN on a fresh session). The rate limit's
-// decisions and the slot claims are not yet router statements on Citus
-// (issue 21): the test lists them as they are, and fails when the
-// statements it holds to the router rule are not.
+// key — by Citus' own plan (EXPLAIN on a fresh session): the sign-in
+// throttle's statements, and the rate limit's decisions, its borrowing and
+// the slot claims and releases, which on Citus call the functions of
+// migration 00006 that Citus runs on the shard of their key. The rate
+// limit (one policy and several, borrowing included) and the three kinds
+// of slots (heavy permits in two scopes, in-flight, uploads) hold their
+// limits there, and housekeeping sweeps every table.
 func TestOnCitus(t *testing.T) {
 	if ok, line := citustest.Installed(); !ok {
 		t.Skip(line)
@@ -192,10 +197,14 @@ func TestOnCitus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every statement the sign-in throttle's decisions made, and the
-	// resets, planned by Citus on a fresh session.
+	onCitusRates(ctx, t, pool, quiet)
+	onCitusSlots(ctx, t, pool, quiet)
+
+	// Every statement the decisions above made, and the resets, planned by
+	// Citus on a fresh session.
 	router := []string{"LoginAttemptGet", "LoginAttemptReserve", "LoginAttemptRecordFailure", "LoginAttemptClear",
-		"APIRequestWindowReset"}
+		"APIRequestWindowReset", "APIRequestWindowDecideOnShard", "APIRequestWindowBorrowOnShard",
+		"APIRequestWindowGiveBack", "SlotClaimOnShard", "SlotReleaseOne"}
 	calls := log.byName()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -229,6 +238,215 @@ func TestOnCitus(t *testing.T) {
 		if !oneTask.MatchString(text) || strings.Contains(text, "Distributed Subplan") {
 			t.Errorf("%s is not a router statement on Citus:\n%s", name, text)
 		}
+	}
+}
+
+// onCitusRates: the rate limit on Citus — one policy, several policies
+// (all or nothing), borrowing — holds its limits exactly.
+func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *slog.Logger) {
+	t.Helper()
+	one, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet,
+		Policies: []ratelimit.Policy{{Name: "api", Limit: 3, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 6 {
+		_, err := one.Acquire(ctx, "token:one")
+		switch {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, pglimit.ErrLimited):
+			t.Fatalf("one policy: %v", err)
+		}
+	}
+	if admitted != 3 {
+		t.Fatalf("one policy of 3 an hour: %d of 6 admitted", admitted)
+	}
+
+	// Two policies: the hourly one admits 4, the minute one 2 — a request
+	// refused by either spends neither.
+	policies := []ratelimit.Policy{{Name: "minute", Limit: 2, Window: time.Minute}, {Name: "hour", Limit: 4, Window: time.Hour}}
+	two, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Policies: policies})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted = 0
+	var refusedBy string
+	for range 4 {
+		_, err := two.Acquire(ctx, "token:two")
+		var le *ratelimit.LimitError
+		switch {
+		case err == nil:
+			admitted++
+		case errors.As(err, &le):
+			refusedBy = fmt.Sprint(le.Violated)
+		default:
+			t.Fatalf("two policies: %v", err)
+		}
+	}
+	if admitted != 2 || !strings.Contains(refusedBy, "minute") {
+		t.Fatalf("two policies: %d admitted (want 2), refused by %q (want the minute policy)", admitted, refusedBy)
+	}
+
+	// Borrowing: a hot key takes batches on its shard and spends them in
+	// memory; never more than the bucket holds.
+	const limit = 50
+	hot, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Borrow: true,
+		Policies: []ratelimit.Policy{{Name: "hot", Limit: limit, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted = 0
+	for range 4 * limit {
+		_, err := hot.Acquire(ctx, "token:hot")
+		switch {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, pglimit.ErrLimited):
+			t.Fatalf("borrowing: %v", err)
+		}
+	}
+	if err := hot.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if admitted > limit || admitted < limit*9/10 {
+		t.Fatalf("borrowing: %d of %d admitted under a limit of %d", admitted, 4*limit, limit)
+	}
+	// A key far below its limit: every request admitted, and what the
+	// replica holds unspent is given back at Flush.
+	roomy, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Borrow: true,
+		Policies: []ratelimit.Policy{{Name: "roomy", Limit: 100_000, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if _, err := roomy.Acquire(ctx, "token:roomy"); err != nil {
+			t.Fatalf("borrowing below the limit, request %d: %v", i, err)
+		}
+	}
+	if err := roomy.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// onCitusSlots: the three kinds of slots on Citus hold their caps, a claim
+// in two scopes is all or nothing, released slots are free again, and
+// housekeeping sweeps the lapsed ones.
+func onCitusSlots(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *slog.Logger) {
+	t.Helper()
+	leaser := func(kind permit.Kind) *permit.Leaser {
+		l, err := permit.New(pool, permit.Options{Kind: kind, Logger: quiet, Replica: "citus-test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	claim := func(l *permit.Leaser, lease time.Duration, scopes ...permit.Scope) (*permit.Lease, error) {
+		return l.Claim(ctx, permit.Claim{Scopes: scopes, Holder: "alice", Endpoint: "/x", Lease: lease})
+	}
+	heavy := leaser(permit.HeavyPermit)
+	user, installation := permit.Scope{Key: "user:alice", Cap: 2}, permit.Scope{Key: "installation", Cap: 3}
+	var held []*permit.Lease
+	for range 2 {
+		l, err := claim(heavy, time.Minute, user, installation)
+		if err != nil {
+			t.Fatalf("heavy: %v", err)
+		}
+		held = append(held, l)
+	}
+	var refused *permit.RefusedError
+	if _, err := claim(heavy, time.Minute, user, installation); !errors.As(err, &refused) || refused.Scope.Key != user.Key {
+		t.Fatalf("heavy, the user's third: %v, want refused by %s", err, user.Key)
+	}
+	bob := permit.Scope{Key: "user:bob", Cap: 2}
+	if _, err := claim(heavy, time.Minute, bob, installation); err != nil {
+		t.Fatalf("heavy, bob's first: %v", err)
+	}
+	// The installation is full now: bob's second is refused by it, and
+	// takes no slot of bob's (all or nothing, across two shards).
+	if _, err := claim(heavy, time.Minute, bob, installation); !errors.As(err, &refused) || refused.Scope.Key != installation.Key {
+		t.Fatalf("heavy, bob's second: %v, want refused by the installation", err)
+	}
+	var bobs int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pglimit.slot WHERE kind = 'heavy_permit'
+		AND scope LIKE '%bob%' AND expires_at > now()`).Scan(&bobs); err != nil {
+		t.Fatal(err)
+	}
+	if bobs != 1 {
+		t.Fatalf("bob holds %d heavy slots after a refused claim, want 1", bobs)
+	}
+	for _, l := range held {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := claim(heavy, time.Minute, user, installation); err != nil {
+		t.Fatalf("heavy, after the releases: %v", err)
+	}
+
+	for _, kind := range []permit.Kind{permit.RequestInFlight, permit.UploadWindow} {
+		l := leaser(kind)
+		scope := permit.Scope{Key: "token:t", Cap: 3}
+		var leases []*permit.Lease
+		for range 3 {
+			lease, err := claim(l, 200*time.Millisecond, scope)
+			if err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			leases = append(leases, lease)
+		}
+		if _, err := claim(l, time.Minute, scope); !errors.Is(err, permit.ErrRefused) {
+			t.Fatalf("%s, the fourth: %v, want refused", kind, err)
+		}
+		if err := leases[0].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := claim(l, time.Minute, scope); err != nil {
+			t.Fatalf("%s, after a release: %v", kind, err)
+		}
+	}
+
+	time.Sleep(300 * time.Millisecond) // the 200 ms leases lapse
+	lapsed := func() map[string]int64 {
+		rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM pglimit.slot WHERE expires_at <= now() GROUP BY kind`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+			kind string
+			n    int64
+		}, error) {
+			var v struct {
+				kind string
+				n    int64
+			}
+			return v, r.Scan(&v.kind, &v.n)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for _, v := range out {
+			m[v.kind] = v.n
+		}
+		return m
+	}
+	before := lapsed()
+	if before["request_in_flight"] < 2 || before["upload_window"] < 2 {
+		t.Fatalf("lapsed slots before the sweep: %v, want the lapsed leases among them", before)
+	}
+	deleted, err := housekeeping.Sweep(ctx, pool)
+	if err != nil {
+		t.Fatalf("Sweep on Citus: %v", err)
+	}
+	for kind, n := range before {
+		if deleted[kind] != n {
+			t.Errorf("Sweep deleted %d rows of %s, the table held %d lapsed (all: %v)", deleted[kind], kind, n, deleted)
+		}
+	}
+	if after := lapsed(); len(after) != 0 {
+		t.Errorf("lapsed slots after the sweep: %v, want none", after)
 	}
 }
 
