@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
+	"github.com/pglimit/pglimit/harness/citustest"
 	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/harness/replicaset"
 )
@@ -67,7 +68,33 @@ func runCheck(t *testing.T, cfg Config) *Report {
 // refusal was false, and no answer was unexpected. (Not parallel: it is a
 // load test, and the machine's other load would only slow it.)
 func TestLoadCheckShort(t *testing.T) {
-	rep := runCheck(t, shortConfig(t))
+	everyLimitHolds(t, runCheck(t, shortConfig(t)))
+}
+
+// TestLoadCheckOnCitus is the short run on a Citus cluster (a coordinator
+// and two workers, harness/citustest) that the replicas share through the
+// coordinator: every limit holds by the same observers (pg_stat_activity
+// of all three servers), is reached, and refuses nothing falsely.
+func TestLoadCheckOnCitus(t *testing.T) {
+	if ok, line := citustest.Installed(); !ok {
+		t.Skip(line)
+	}
+	if testing.Short() {
+		t.Skip("a Citus cluster of three servers under load")
+	}
+	cfg := shortConfig(t)
+	cfg.DatabaseURL, cfg.Citus = "", true
+	rep := runCheck(t, cfg)
+	if rep.Nodes != 3 {
+		t.Errorf("the observer polled %d servers, want the coordinator and two workers", rep.Nodes)
+	}
+	everyLimitHolds(t, rep)
+}
+
+// everyLimitHolds fails t unless every limit of rep held, was reached and
+// refused nothing falsely, and no answer was unexpected.
+func everyLimitHolds(t *testing.T, rep *Report) {
+	t.Helper()
 	for _, row := range rep.Rows {
 		if row.Verdict != VerdictOK {
 			t.Errorf("%s: verdict %s (highest %d of %d, %d refused); want ok", row.Limit, row.Verdict, row.Highest, row.Cap, row.Refused)

@@ -5,9 +5,11 @@
 //	go run ./cmd/loadcheck                 # 3 replicas, 30 s of load, embedded PostgreSQL
 //	go run ./cmd/loadcheck -duration 5s -replicas 2
 //	DATABASE_URL=postgres://... go run ./cmd/loadcheck
+//	go run ./cmd/loadcheck -citus          # on a Citus coordinator and two workers
 //
 // It uses DATABASE_URL (or -database-url), else starts an embedded
-// throwaway PostgreSQL (harness/embedpg); builds cmd/studio and starts
+// throwaway PostgreSQL (harness/embedpg), or with -citus a throwaway Citus
+// cluster (harness/citustest) whose coordinator the replicas share; builds cmd/studio and starts
 // -replicas of it as child processes on free loopback ports
 // (harness/replicaset) with -demo and the limits below; serves a fake
 // broker node in-process (cmd/internal/fakenode); waits until every replica
@@ -30,7 +32,8 @@
 //
 //   - sql-console per user, heavy installation cap, in-flight per token:
 //     pg_stat_activity, polled continuously, counting active statements by
-//     the marker in their SQL text. A console statement is active only while
+//     the marker in their SQL text (on a Citus coordinator, on every node
+//     of pg_dist_node, summed). A console statement is active only while
 //     its request holds its heavy permit and its in-flight slot, so a count
 //     above a limit is an over-grant, never a sampling artefact (the count
 //     can only be lower than the slots held).
@@ -107,6 +110,7 @@ func run(args []string) (int, error) {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("loadcheck", flag.ContinueOnError)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary the replicas share (default $DATABASE_URL, else an embedded throwaway PostgreSQL); it is migrated and seeded with demo data")
+	fs.BoolVar(&cfg.Citus, "citus", false, "without a database URL, start a throwaway Citus cluster (a coordinator and two workers) instead of one server")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of cmd/studio")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the load, after the warm-up (1s to 10m)")
 	fs.StringVar(&cfg.Studio, "studio", "", "a built cmd/studio binary (default: build one)")

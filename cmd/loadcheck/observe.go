@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -17,12 +18,18 @@ type peaks struct {
 	// UserName and TokenName are where the peaks were first seen.
 	UserName, TokenName string
 	Samples             int
+	// Nodes is the number of servers polled (a Citus cluster's nodes).
+	Nodes int
 	// Interval is the mean time between two samples.
 	Interval time.Duration
 }
 
 // observer polls pg_stat_activity (harness/activity) for the console
 // statements of the run, whose SQL text carries "<marker><user>:<token>'".
+// On a Citus coordinator it polls every node of pg_dist_node too and sums
+// what each saw (the console statements, which read no distributed table,
+// run on the coordinator; a count summed over nodes polled one after the
+// other can only be higher than what ran at once, never hide an excess).
 // An observer that may not read the statements of every role in the
 // database (a console role it is no member of, without pg_read_all_stats)
 // stops the run with an error rather than report peaks of 0. A statement is active
@@ -30,7 +37,7 @@ type peaks struct {
 // the counts it sees are at most the slots really held: more than a limit
 // is an over-grant, never an artefact of sampling.
 type observer struct {
-	conn   *pgx.Conn
+	conns  []*pgx.Conn
 	marker string
 
 	mu sync.Mutex
@@ -42,16 +49,72 @@ func newObserver(ctx context.Context, url, marker string) (*observer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &observer{conn: conn, marker: marker}, nil
+	o := &observer{conns: []*pgx.Conn{conn}, marker: marker}
+	nodes, err := citusNodes(ctx, conn)
+	if err != nil {
+		o.close()
+		return nil, err
+	}
+	for _, n := range nodes {
+		cfg := conn.Config().Copy()
+		cfg.Host, cfg.Port, cfg.Fallbacks = n.host, n.port, nil
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			o.close()
+			return nil, fmt.Errorf("citus node %s:%d: %w", n.host, n.port, err)
+		}
+		o.conns = append(o.conns, c)
+	}
+	return o, nil
+}
+
+type node struct {
+	host string
+	port uint16
+}
+
+// citusNodes returns the worker nodes of a Citus coordinator (none on plain
+// PostgreSQL).
+func citusNodes(ctx context.Context, conn *pgx.Conn) ([]node, error) {
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_node') IS NOT NULL`).Scan(&citus); err != nil || !citus {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+		WHERE isactive AND noderole = 'primary' AND groupid <> 0 ORDER BY nodeid`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (node, error) {
+		var n node
+		var port int32
+		err := r.Scan(&n.host, &port)
+		n.port = uint16(port)
+		return n, err
+	})
+}
+
+func (o *observer) close() {
+	for _, c := range o.conns {
+		_ = c.Close(context.Background())
+	}
 }
 
 // run samples until ctx ends, as often as the database answers (at most
 // every millisecond).
 func (o *observer) run(ctx context.Context) error {
-	defer o.conn.Close(context.Background())
+	defer o.close()
 	start := time.Now()
 	for ctx.Err() == nil {
-		texts, err := activity.Running(ctx, o.conn, o.marker)
+		var texts []string
+		var err error
+		for _, c := range o.conns {
+			var some []string
+			if some, err = activity.Running(ctx, c, o.marker); err != nil {
+				break
+			}
+			texts = append(texts, some...)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -72,6 +135,7 @@ func (o *observer) run(ctx context.Context) error {
 		}
 		o.mu.Lock()
 		o.p.Samples++
+		o.p.Nodes = len(o.conns)
 		o.p.Installation = max(o.p.Installation, total)
 		for u, n := range users {
 			if n > o.p.User {

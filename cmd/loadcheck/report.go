@@ -53,6 +53,9 @@ type Report struct {
 	// Samples and SampleInterval describe the pg_stat_activity observer.
 	Samples        int
 	SampleInterval time.Duration
+	// Nodes is the number of servers the observer polled (the nodes of a
+	// Citus cluster, or one).
+	Nodes int
 	// LogDir holds the children's logs; "" when they were removed.
 	LogDir string
 }
@@ -113,7 +116,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, `
 observers (none of them reads pglimit's tables):
-  sql-console, installation, in-flight: pg_stat_activity, polled %d times (every %v on average),
+  sql-console, installation, in-flight: pg_stat_activity of %d server(s), polled %d times (every %v on average),
     counting active console statements by the marker in their text ('lc-<run>:<user>:<token>');
     a statement is active only while its request holds its permit and its slot, so a count
     above the limit is an over-grant, never a sampling artefact.
@@ -140,7 +143,7 @@ false refusal: a 429 of a limit although, by the client's ledger of every reques
   holder from its send to its answer + %v slack, + the window for uploads and failed
   sign-ins, unless it was refused before it could claim). Only the load check drives the
   service, so this can miss a false refusal, never invent one.
-`, r.Samples, r.SampleInterval.Round(time.Microsecond), c.Slack)
+`, r.Nodes, r.Samples, r.SampleInterval.Round(time.Microsecond), c.Slack)
 	if r.LogDir != "" {
 		fmt.Fprintf(w, "\nlogs of the replicas and the database: %s\n", r.LogDir)
 	}

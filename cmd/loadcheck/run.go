@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/cmd/internal/fakenode"
+	"github.com/pglimit/pglimit/harness/citustest"
 	"github.com/pglimit/pglimit/harness/embedpg"
 	"github.com/pglimit/pglimit/harness/replicaset"
 )
@@ -30,8 +31,13 @@ import (
 // judged against), the load and its length.
 type Config struct {
 	// DatabaseURL is the primary the replicas share; "" starts an embedded
-	// throwaway PostgreSQL.
+	// throwaway PostgreSQL (a Citus cluster with Citus). On a Citus
+	// coordinator the observer watches the workers too (pg_dist_node).
 	DatabaseURL string
+	// Citus, when DatabaseURL is "", starts a throwaway Citus cluster of a
+	// coordinator and two workers (harness/citustest) instead of one
+	// server: the replicas share the coordinator.
+	Citus bool
 	// Replicas is the number of cmd/studio processes.
 	Replicas int
 	// Duration is how long the load runs (after the warm-up).
@@ -216,6 +222,25 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	defer lr.client.CloseIdleConnections()
 
 	dbURL := cfg.DatabaseURL
+	if dbURL == "" && cfg.Citus {
+		logf, err := os.Create(filepath.Join(cfg.LogDir, "postgres.log"))
+		if err != nil {
+			return nil, err
+		}
+		defer logf.Close()
+		if ok, line := citustest.Installed(); !ok {
+			return nil, errors.New(line)
+		}
+		fmt.Fprintln(cfg.Progress, "loadcheck: starting a Citus cluster (a coordinator and two workers)")
+		startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		cluster, err := citustest.Start(startCtx, citustest.Options{Log: logf})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("citus: %w", err)
+		}
+		defer func() { _ = cluster.Stop() }()
+		dbURL = cluster.URL("postgres")
+	}
 	if dbURL == "" {
 		logf, err := os.Create(filepath.Join(cfg.LogDir, "postgres.log"))
 		if err != nil {
@@ -667,7 +692,7 @@ func (lr *loadRun) progress(ctx context.Context, obs *observer, node *fakenode.N
 func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Report {
 	c := lr.cfg
 	recs := lr.ledger
-	rep := &Report{Config: c, Samples: pk.Samples, SampleInterval: pk.Interval}
+	rep := &Report{Config: c, Samples: pk.Samples, SampleInterval: pk.Interval, Nodes: pk.Nodes}
 
 	console := func(r *record) bool { return r.kind == kindConsole }
 	// A request the rate limit refused never reached the in-flight cap,

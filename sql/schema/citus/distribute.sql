@@ -16,6 +16,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
         RETURN;
     END IF;
+    -- Replicas that start together migrate together: one distributes, the
+    -- others wait here and then find it done.
+    PERFORM pg_advisory_xact_lock(hashtext('pglimit: distribute on citus'));
     SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.slot'::regclass) THEN
         PERFORM create_distributed_table('pglimit.slot', 'scope');
