@@ -77,7 +77,7 @@ loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an i
 	$(GO) run ./cmd/loadcheck $(LOADCHECK_ARGS)
 
 .PHONY: scalecheck
-scalecheck: ## what one PostgreSQL core sustains and 10 min of churn of the limit tables, written to docs/scaling.md and docs/scaling-churn.svg (SCALE_ARGS=-duration 1m ...)
+scalecheck: ## what one PostgreSQL core sustains, 10 min of churn of the limit tables, and with SCALE_ARGS=-citus the same operations on a Citus cluster, written to docs/scaling.md and docs/scaling-churn.svg (SCALE_ARGS=-duration 1m ...)
 	$(GO) run ./cmd/scalecheck -out docs/scaling.md -svg docs/scaling-churn.svg $(SCALE_ARGS)
 
 BENCHTIME  ?= 100ms

@@ -91,12 +91,17 @@ type cpuMeter struct {
 	postmaster int // 0: not the whole server
 	appName    string
 	pool       *pgxpool.Pool
+	// nodes are the whole-server meters of a Citus cluster's workers
+	// (this meter is the coordinator's): their CPU is counted in server
+	// and, node by node, in nodes.
+	nodes []*cpuMeter
 }
 
 // cpuReading is one reading of a cpuMeter.
 type cpuReading struct {
-	server   time.Duration         // whole server (0 when not counted)
+	server   time.Duration         // whole server (0 when not counted), a cluster's every node
 	backends map[int]time.Duration // the run's backends by pid
+	nodes    []time.Duration       // a Citus cluster's: the coordinator, then each worker
 }
 
 // errNoProc says the server's processes cannot be read on this machine.
@@ -155,6 +160,17 @@ func (m *cpuMeter) read(ctx context.Context) (cpuReading, error) {
 			}
 		}
 	}
+	if len(m.nodes) > 0 {
+		r.nodes = append(r.nodes, r.server)
+		for _, n := range m.nodes {
+			nr, err := n.read(ctx)
+			if err != nil {
+				return r, err
+			}
+			r.nodes = append(r.nodes, nr.server)
+			r.server += nr.server
+		}
+	}
 	return r, nil
 }
 
@@ -165,11 +181,17 @@ type cpuUsed struct {
 	// Backends is the run's backends'. A backend that started after the
 	// first reading counts in full.
 	Backends time.Duration
+	// Nodes is a Citus cluster's, node by node: the coordinator, then
+	// each worker (Server is their sum).
+	Nodes []time.Duration
 }
 
 // since returns what was spent from a to b.
 func since(a, b cpuReading) cpuUsed {
 	u := cpuUsed{Server: b.server - a.server}
+	for i := range b.nodes {
+		u.Nodes = append(u.Nodes, b.nodes[i]-a.nodes[i])
+	}
 	for pid, t := range b.backends {
 		u.Backends += t - a.backends[pid]
 	}

@@ -109,6 +109,9 @@ type Config struct {
 	// Out and SVG are the report's and the chart's files ("" standard
 	// output; no chart).
 	Out, SVG string
+	// Citus measures the operations again on a throwaway Citus cluster (a
+	// coordinator and two workers) after the one server's.
+	Citus bool
 }
 
 // DefaultConfig is what the command runs without flags.
@@ -138,6 +141,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "loops of the churn")
 	fs.DurationVar(&cfg.Window, "window", cfg.Window, "the churn's upload and sign-in window")
 	fs.DurationVar(&cfg.Housekeeping, "housekeeping", cfg.Housekeeping, "each replica's housekeeping interval during the churn")
+	fs.BoolVar(&cfg.Citus, "citus", false, "measure the operations again on a throwaway Citus cluster (a coordinator and two workers; Citus installed, ../shared/citus/build)")
 	fs.StringVar(&cfg.Out, "out", "", "file of the report (default standard output)")
 	fs.StringVar(&cfg.SVG, "svg", "", "file of the churn's chart, SVG (default none)")
 	if err := fs.Parse(args); err != nil {
@@ -313,6 +317,12 @@ func Measure(ctx context.Context, cfg Config, progress io.Writer) (*Report, erro
 	if rep.Ops, err = e.throughput(ctx); err != nil {
 		e.closePools()
 		return nil, err
+	}
+	if cfg.Citus {
+		if rep.Citus, err = e.onCitus(ctx); err != nil {
+			e.closePools()
+			return nil, err
+		}
 	}
 	if cfg.Duration > 0 {
 		// The churn's replicas are new ones: the throughput phase's

@@ -158,6 +158,31 @@ func (r *Report) Markdown(w io.Writer) error {
 		"yesno": func(b bool) string { return map[bool]string{true: "yes", false: "**no**"}[b] },
 		"last":  func() int { return r.Clients[len(r.Clients)-1] },
 		"worst": r.Worst,
+		"citusOp": func(name string, clients int) OpResult {
+			if r.Citus == nil {
+				return OpResult{}
+			}
+			o, _ := r.Citus.Op(name, clients)
+			return o
+		},
+		// perSec is the operations per second one core sustains at d of
+		// CPU per operation.
+		"perSec": func(d time.Duration) float64 {
+			if d <= 0 {
+				return 0
+			}
+			return float64(time.Second) / float64(d)
+		},
+		"minf": math.Min,
+		// ratio is an operation's CPU on Citus over its CPU on one server.
+		"ratio": func(c *CitusRun, name string, clients int) string {
+			one, _ := r.Op(name, clients)
+			on, _ := c.Op(name, clients)
+			if one.ServerPerOp() <= 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.1f", float64(on.ServerPerOp())/float64(one.ServerPerOp()))
+		},
 		"count": func(n int64) string {
 			s := strconv.FormatInt(n, 10)
 			for i := len(s) - 3; i > 0; i -= 3 {

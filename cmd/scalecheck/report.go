@@ -18,7 +18,9 @@ type Report struct {
 	CPUSource          string
 	Ops                []OpResult
 	Churn              *Churn
-	Errors             map[string]string
+	// Citus is the operations on a Citus cluster (-citus), or nil.
+	Citus  *CitusRun
+	Errors map[string]string
 }
 
 // Op returns the result of the operation name at the given clients.
@@ -45,6 +47,19 @@ func (r *Report) Problems() []string {
 		}
 		if o.Ops == 0 {
 			out = append(out, fmt.Sprintf("%s at %d clients: no operation completed", o.Name, o.Clients))
+		}
+	}
+	if r.Citus != nil {
+		for _, o := range r.Citus.Ops {
+			if o.Errors > 0 {
+				out = append(out, fmt.Sprintf("on citus, %s at %d clients: %d operations failed (first: %s)", o.Name, o.Clients, o.Errors, r.Errors[citusName(o.Name)]))
+			}
+			if o.Refused > 0 {
+				out = append(out, fmt.Sprintf("on citus, %s at %d clients: %d operations refused", o.Name, o.Clients, o.Refused))
+			}
+			if o.Ops == 0 {
+				out = append(out, fmt.Sprintf("on citus, %s at %d clients: no operation completed", o.Name, o.Clients))
+			}
 		}
 	}
 	if c := r.Churn; c != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit/harness/citustest"
 	"github.com/pglimit/pglimit/harness/pgtest"
 )
 
@@ -125,6 +126,62 @@ func TestShortRun(t *testing.T) {
 	}
 	if svg := rep.Chart(); !strings.Contains(svg, "<polyline") || !strings.HasSuffix(svg, "</svg>\n") {
 		t.Errorf("the chart has no line, or is not closed:\n%.300s", svg)
+	}
+}
+
+// TestCitusRun measures the operations on a Citus cluster (-citus) for a
+// moment: every operation completes there without an error or a refusal,
+// the CPU of the coordinator and of both workers is counted, and the report
+// gives the Citus figures beside the one server's.
+func TestCitusRun(t *testing.T) {
+	if ok, line := citustest.Installed(); !ok {
+		t.Skip(line)
+	}
+	if testing.Short() {
+		t.Skip("a Citus cluster of three servers")
+	}
+	cfg := DefaultConfig()
+	cfg.DatabaseURL = pgtest.URL(t, pgtest.Limits())
+	cfg.Clients = []int{1, 3}
+	cfg.OpDuration = 300 * time.Millisecond
+	cfg.Duration = 0
+	cfg.Citus = true
+	var progress bytes.Buffer
+	rep, err := Measure(context.Background(), cfg, &progress)
+	if errors.Is(err, errNoProc) {
+		t.Skipf("the server's processes are not visible here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Measure: %v\nprogress:\n%s", err, progress.String())
+	}
+	if problems := rep.Problems(); len(problems) > 0 {
+		t.Errorf("problems:\n%s", strings.Join(problems, "\n"))
+	}
+	if rep.Citus == nil || len(rep.Citus.Ops) != len(Operations)*len(cfg.Clients) || rep.Citus.Workers != 2 {
+		t.Fatalf("the Citus run: %+v, want every operation at every number of clients on two workers", rep.Citus)
+	}
+	for _, o := range rep.Citus.Ops {
+		if o.Ops == 0 || o.Errors != 0 || o.Refused != 0 {
+			t.Errorf("on citus, %s at %d clients: %d operations, %d errors, %d refused; want some, none, none", o.Name, o.Clients, o.Ops, o.Errors, o.Refused)
+		}
+		if len(o.CPU.Nodes) != 3 {
+			t.Fatalf("on citus, %s: CPU of %d nodes, want the coordinator's and two workers'", o.Name, len(o.CPU.Nodes))
+		}
+		if o.Name != OpRateBorrowed && (o.NodePerOp(0) <= 0 || o.WorkersPerOp() <= 0) {
+			t.Errorf("on citus, %s: coordinator %v and workers %v per op, want both counted", o.Name, o.NodePerOp(0), o.WorkersPerOp())
+		}
+	}
+	var md bytes.Buffer
+	if err := rep.Markdown(&md); err != nil {
+		t.Fatalf("Markdown: %v", err)
+	}
+	for _, want := range []string{"### What a decision costs on Citus", "### How decisions per second grow with workers", "-citus -out"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if strings.Contains(md.String(), "no value>") {
+		t.Error("the report holds a missing value")
 	}
 }
 

@@ -123,6 +123,10 @@ func (e *env) throughput(ctx context.Context) ([]OpResult, error) {
 			e.logf("%-32s %2d clients: %7.0f ops/s, p50 %v, server %v/op, %.0f per core-second, client %v/op, %d refused, %d errors",
 				name, clients, r.PerSecond(), r.P50.Round(time.Microsecond), r.ServerPerOp().Round(100*time.Nanosecond),
 				r.PerCoreSecond(), r.ClientPerOp().Round(100*time.Nanosecond), r.Refused, r.Errors)
+			if len(r.CPU.Nodes) > 0 {
+				e.logf("%-32s %2d clients: coordinator %v/op, workers %v/op", name, clients,
+					r.NodePerOp(0).Round(100*time.Nanosecond), r.WorkersPerOp().Round(100*time.Nanosecond))
+			}
 			out = append(out, r)
 			if ctx.Err() != nil {
 				return out, ctx.Err()
