@@ -66,8 +66,11 @@ const MaxLimit = 10000
 // in the PostgreSQL schema pglimit (created here), goose's version table
 // pglimit.goose_db_version beside them, the service's own tables and goose
 // history untouched. It is safe to call from every replica at once: one
-// migrates while the others wait. See package sql/schema for applying the
-// migrations with goose yourself.
+// migrates while the others wait. On a Citus coordinator (the extension
+// citus installed in the database) it then distributes the limit tables by
+// their key or scope, colocated, and every decision runs on its key's
+// shard (docs/scaling.md, "Beyond one primary"). See package sql/schema
+// for applying the migrations with goose yourself.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return schema.Migrate(ctx, pool)
 }
