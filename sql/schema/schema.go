@@ -22,7 +22,8 @@
 // A service that applies the migrations with goose itself creates the
 // schema pglimit first, gives goose the folder FS, keeps their history in
 // VersionTable and, with goose's Postgres table locker, locks the row
-// LockID.
+// LockID. On Citus it then calls Migrate as well, which finds the
+// migrations applied and distributes the limit tables.
 package schema
 
 import (
