@@ -8,7 +8,9 @@
 // As root it installs what is missing with apt-get (apt-get update first)
 // and checks again. Otherwise, or without apt-get, it prints one line
 // saying exactly what to install and exits 1, before any test runs.
-// Nothing missing: it says nothing.
+// Nothing missing: it says nothing, except, when it checked everything,
+// one line when Citus is not installed for the PostgreSQL server binaries
+// (it is optional: the Citus tests skip without it) saying how to get it.
 //
 // It is a Go program rather than a shell script so that its test can run
 // it in-process with the machine replaced (nothing installed, not root, a
@@ -26,6 +28,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/pglimit/pglimit/harness/citustest"
 )
 
 // requirement is one Debian package and how to tell it is installed.
@@ -61,6 +65,9 @@ type machine struct {
 	// run runs a command (apt-get) with its output to the user.
 	run            func(name string, args ...string) error
 	stdout, stderr io.Writer
+	// citus reports whether Citus is installed, and the line saying so
+	// (harness/citustest.Installed).
+	citus func() (bool, string)
 }
 
 func (m machine) onPath(file string) bool {
@@ -86,6 +93,7 @@ func main() {
 		},
 		stdout: os.Stdout,
 		stderr: os.Stderr,
+		citus:  citustest.Installed,
 	}
 	os.Exit(run(os.Args[1:], m))
 }
@@ -108,6 +116,7 @@ func run(args []string, m machine) int {
 	}
 	missing := missingOf(wanted, m)
 	if len(missing) == 0 {
+		sayCitus(fs.Args(), m)
 		return 0
 	}
 	pkgs := packagesOf(missing)
@@ -138,7 +147,19 @@ func run(args []string, m machine) int {
 		fmt.Fprintf(m.stderr, "installdeps: apt-get installed %s, yet %s %s still missing\n", strings.Join(pkgs, " "), whatOf(still), verb)
 		return 1
 	}
+	sayCitus(fs.Args(), m)
 	return 0
+}
+
+// sayCitus prints one line when everything was checked and Citus is not
+// installed: it is optional, and says how to get it.
+func sayCitus(args []string, m machine) {
+	if len(args) > 0 || m.citus == nil {
+		return
+	}
+	if ok, line := m.citus(); !ok {
+		fmt.Fprintf(m.stdout, "installdeps: optional, the Citus tests skip without it: %s\n", line)
+	}
 }
 
 func packageNames() []string {

@@ -14,6 +14,7 @@ import (
 // install makes present.
 type fakeMachine struct {
 	have    []string
+	citus   bool // Citus installed (nil check when false and not asked)
 	euid    int
 	install []string
 	ran     [][]string
@@ -45,6 +46,12 @@ func (f *fakeMachine) machine() machine {
 		},
 		stdout: &f.out,
 		stderr: &f.err,
+		citus: func() (bool, string) {
+			if f.citus {
+				return true, "citustest: Citus is installed"
+			}
+			return false, "citustest: Citus is not installed; build it"
+		},
 	}
 }
 
@@ -61,9 +68,14 @@ func TestInstallDeps(t *testing.T) {
 		wantCode int
 		wantRan  []string // commands, joined by spaces
 		wantErr  string   // the whole of stderr, "" for nothing
+		citus    bool
+		wantOut  string // the whole of stdout when it is not an install's
 	}{
-		{name: "everything there", have: all, euid: 1000, wantCode: 0},
-		{name: "initdb on PATH counts", have: []string{"initdb", "chromium", "pgbouncer"}, euid: 1000, wantCode: 0},
+		{name: "everything there", have: all, euid: 1000, wantCode: 0, citus: true},
+		{name: "everything there but Citus", have: all, euid: 1000, wantCode: 0,
+			wantOut: "installdeps: optional, the Citus tests skip without it: citustest: Citus is not installed; build it\n"},
+		{name: "only postgresql asked, Citus not said", args: []string{"postgresql"}, have: all, euid: 1000, wantCode: 0},
+		{name: "initdb on PATH counts", have: []string{"initdb", "chromium", "pgbouncer"}, euid: 1000, wantCode: 0, citus: true},
 		{name: "not root, all missing", euid: 1000, wantCode: 1,
 			wantErr: "pglimit needs the PostgreSQL server binaries (initdb), chromium and pgbouncer, which this machine lacks; install them, as root: apt-get update && apt-get install -y postgresql chromium pgbouncer; then run the command again\n"},
 		{name: "not root, apt-get there, chromium missing", have: []string{"/usr/lib/postgresql/*/bin/initdb", "pgbouncer", "apt-get"}, euid: 1000, wantCode: 1,
@@ -81,7 +93,7 @@ func TestInstallDeps(t *testing.T) {
 			wantErr: "installdeps: unknown package redis (known: postgresql chromium pgbouncer)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &fakeMachine{have: tc.have, euid: tc.euid, install: tc.install}
+			f := &fakeMachine{have: tc.have, euid: tc.euid, install: tc.install, citus: tc.citus}
 			code := run(tc.args, f.machine())
 			var ran []string
 			for _, c := range f.ran {
@@ -89,6 +101,9 @@ func TestInstallDeps(t *testing.T) {
 			}
 			if code != tc.wantCode || !slices.Equal(ran, tc.wantRan) || f.err.String() != tc.wantErr {
 				t.Fatalf("exit %d, ran %q, stderr %q;\nwant exit %d, ran %q, stderr %q", code, ran, f.err.String(), tc.wantCode, tc.wantRan, tc.wantErr)
+			}
+			if len(tc.wantRan) == 0 && f.out.String() != tc.wantOut {
+				t.Fatalf("stdout %q, want %q", f.out.String(), tc.wantOut)
 			}
 			if strings.Count(f.err.String(), "\n") > 1 {
 				t.Fatalf("more than one line: %q", f.err.String())
