@@ -198,8 +198,15 @@ func TestExportFailuresAreAudited(t *testing.T) {
 	// while the test ends it, by terminating its backend or by leaving.
 	// The backend is terminated only while it waits to send rows
 	// (ClientWrite): one that has sent all it will send into the socket
-	// buffers (up to 32 MB here) is past the middle of its stream, and the
-	// try is made again.
+	// buffers (the kernel grows them to several MB per socket) is past the
+	// middle of its stream, and the try is made again. So that the export
+	// cannot fit in the buffers, its first rows (the oldest) are made wide:
+	// 40,000 rows of 1 kB, some 40 MB, ahead of the seeded 100-byte rows.
+	if _, err := obs.Exec(ctx, `INSERT INTO audit_event (occurred_at, actor, action, target)
+		SELECT timestamptz '2000-01-01 00:00:00+00' + interval '1 millisecond' * g, 'dave', 'wide.row', repeat('w', 1000)
+		FROM generate_series(1, 40000) AS g`); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		actor, token, reason string
 		end                  func(cancel func()) bool // false: not mid-stream, try again
