@@ -166,7 +166,11 @@ func (r *Report) floorsSection(b *strings.Builder) {
 		w("| %s (whole request, %d client(s)) | what the in-flight cap alone adds to the handler | %s added | %s | ≤ 1.10× | | | | %s |\n",
 			strings.TrimPrefix(bench.NameRequestAPIBorrowed, "request: "), clients, formatDur(api.P50-alone.P50), formatRatio(x), verdict)
 	}
+	w("%s", wholeRequestNote)
 }
+
+// wholeRequestNote follows the table of floors.
+const wholeRequestNote = "\nThe whole request's row compares chains measured in rounds of their own (the median round of each); the machine's other work falls on each round differently. Measured request by request, each chain in turn, the same ratio is `go test -bench WholeRequestBorrowed ./middleware/ratelimit`'s added_ratio.\n"
 
 func join(a, b string) string {
 	if a == "" {
