@@ -222,40 +222,37 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	defer lr.client.CloseIdleConnections()
 
 	dbURL := cfg.DatabaseURL
-	if dbURL == "" && cfg.Citus {
-		logf, err := os.Create(filepath.Join(cfg.LogDir, "postgres.log"))
-		if err != nil {
-			return nil, err
-		}
-		defer logf.Close()
-		if ok, line := citustest.Installed(); !ok {
-			return nil, errors.New(line)
-		}
-		fmt.Fprintln(cfg.Progress, "loadcheck: starting a Citus cluster (a coordinator and two workers)")
-		startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		cluster, err := citustest.Start(startCtx, citustest.Options{Log: logf})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("citus: %w", err)
-		}
-		defer func() { _ = cluster.Stop() }()
-		dbURL = cluster.URL("postgres")
-	}
 	if dbURL == "" {
 		logf, err := os.Create(filepath.Join(cfg.LogDir, "postgres.log"))
 		if err != nil {
 			return nil, err
 		}
 		defer logf.Close()
-		fmt.Fprintln(cfg.Progress, "loadcheck: no DATABASE_URL: starting an embedded PostgreSQL")
-		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		cluster, err := embedpg.Start(startCtx, embedpg.Options{Log: logf})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("embedded PostgreSQL: %w", err)
+		// stop is the throwaway server's, or cluster's.
+		var stop func() error
+		if cfg.Citus {
+			if ok, line := citustest.Installed(); !ok {
+				return nil, errors.New(line)
+			}
+			fmt.Fprintln(cfg.Progress, "loadcheck: starting a Citus cluster (a coordinator and two workers)")
+			startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			cluster, err := citustest.Start(startCtx, citustest.Options{Log: logf})
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("citus: %w", err)
+			}
+			stop, dbURL = cluster.Stop, cluster.URL("postgres")
+		} else {
+			fmt.Fprintln(cfg.Progress, "loadcheck: no DATABASE_URL: starting an embedded PostgreSQL")
+			startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			cluster, err := embedpg.Start(startCtx, embedpg.Options{Log: logf})
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("embedded PostgreSQL: %w", err)
+			}
+			stop, dbURL = cluster.Stop, cluster.URL("postgres")
 		}
-		defer func() { _ = cluster.Stop() }()
-		dbURL = cluster.URL("postgres")
+		defer func() { _ = stop() }()
 	}
 
 	node, err := fakenode.New(fakenode.Options{Queues: cfg.Queues, Broker: "loadcheck"})

@@ -23,14 +23,7 @@ type CitusRun struct {
 }
 
 // Op returns the result of the operation name at the given clients.
-func (c *CitusRun) Op(name string, clients int) (OpResult, bool) {
-	for _, o := range c.Ops {
-		if o.Name == name && o.Clients == clients {
-			return o, true
-		}
-	}
-	return OpResult{}, false
-}
+func (c *CitusRun) Op(name string, clients int) (OpResult, bool) { return findOp(c.Ops, name, clients) }
 
 // NodePerOp is the CPU one operation cost node i (0: the coordinator).
 func (r OpResult) NodePerOp(i int) time.Duration {

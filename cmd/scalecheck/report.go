@@ -24,8 +24,30 @@ type Report struct {
 }
 
 // Op returns the result of the operation name at the given clients.
-func (r *Report) Op(name string, clients int) (OpResult, bool) {
-	for _, o := range r.Ops {
+func (r *Report) Op(name string, clients int) (OpResult, bool) { return findOp(r.Ops, name, clients) }
+
+// opProblems lists the failed, refused and empty operations of ops, each
+// line starting with prefix; errorOf names an operation's first error in
+// r.Errors.
+func (r *Report) opProblems(prefix string, ops []OpResult, errorOf func(string) string) []string {
+	var out []string
+	for _, o := range ops {
+		if o.Errors > 0 {
+			out = append(out, fmt.Sprintf("%s%s at %d clients: %d operations failed (first: %s)", prefix, o.Name, o.Clients, o.Errors, r.Errors[errorOf(o.Name)]))
+		}
+		if o.Refused > 0 {
+			out = append(out, fmt.Sprintf("%s%s at %d clients: %d operations refused, where each client's own key should never reach its limit", prefix, o.Name, o.Clients, o.Refused))
+		}
+		if o.Ops == 0 {
+			out = append(out, fmt.Sprintf("%s%s at %d clients: no operation completed", prefix, o.Name, o.Clients))
+		}
+	}
+	return out
+}
+
+// findOp returns the result of the operation name at the given clients.
+func findOp(ops []OpResult, name string, clients int) (OpResult, bool) {
+	for _, o := range ops {
 		if o.Name == name && o.Clients == clients {
 			return o, true
 		}
@@ -37,30 +59,9 @@ func (r *Report) Op(name string, clients int) (OpResult, bool) {
 // tables holding more rows than the slots in use, rows left after the
 // windows lapsed and housekeeping swept.
 func (r *Report) Problems() []string {
-	var out []string
-	for _, o := range r.Ops {
-		if o.Errors > 0 {
-			out = append(out, fmt.Sprintf("%s at %d clients: %d operations failed (first: %s)", o.Name, o.Clients, o.Errors, r.Errors[o.Name]))
-		}
-		if o.Refused > 0 {
-			out = append(out, fmt.Sprintf("%s at %d clients: %d operations refused, where each client's own key should never reach its limit", o.Name, o.Clients, o.Refused))
-		}
-		if o.Ops == 0 {
-			out = append(out, fmt.Sprintf("%s at %d clients: no operation completed", o.Name, o.Clients))
-		}
-	}
+	out := r.opProblems("", r.Ops, func(op string) string { return op })
 	if r.Citus != nil {
-		for _, o := range r.Citus.Ops {
-			if o.Errors > 0 {
-				out = append(out, fmt.Sprintf("on citus, %s at %d clients: %d operations failed (first: %s)", o.Name, o.Clients, o.Errors, r.Errors[citusName(o.Name)]))
-			}
-			if o.Refused > 0 {
-				out = append(out, fmt.Sprintf("on citus, %s at %d clients: %d operations refused", o.Name, o.Clients, o.Refused))
-			}
-			if o.Ops == 0 {
-				out = append(out, fmt.Sprintf("on citus, %s at %d clients: no operation completed", o.Name, o.Clients))
-			}
-		}
+		out = append(out, r.opProblems("on citus, ", r.Citus.Ops, citusName)...)
 	}
 	if c := r.Churn; c != nil {
 		if c.Errors > 0 {

@@ -34,17 +34,7 @@ func TestShortRun(t *testing.T) {
 	cfg.Window, cfg.Housekeeping = time.Second, 500*time.Millisecond
 	cfg.Out, cfg.SVG = filepath.Join(dir, "scaling.md"), filepath.Join(dir, "churn.svg")
 
-	var progress bytes.Buffer
-	rep, err := Measure(context.Background(), cfg, &progress)
-	if errors.Is(err, errNoProc) {
-		t.Skipf("the server's processes are not visible here: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("Measure: %v\nprogress:\n%s", err, progress.String())
-	}
-	if problems := rep.Problems(); len(problems) > 0 {
-		t.Errorf("problems:\n%s", strings.Join(problems, "\n"))
-	}
+	rep := measure(t, cfg)
 
 	if got, want := len(rep.Ops), len(Operations)*len(cfg.Clients); got != want {
 		t.Fatalf("%d results, want %d (every operation at every number of clients)", got, want)
@@ -129,6 +119,24 @@ func TestShortRun(t *testing.T) {
 	}
 }
 
+// measure runs cfg and fails t on an error or a problem of the report; it
+// skips t where the server's processes cannot be read.
+func measure(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	var progress bytes.Buffer
+	rep, err := Measure(context.Background(), cfg, &progress)
+	if errors.Is(err, errNoProc) {
+		t.Skipf("the server's processes are not visible here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Measure: %v\nprogress:\n%s", err, progress.String())
+	}
+	if problems := rep.Problems(); len(problems) > 0 {
+		t.Errorf("problems:\n%s", strings.Join(problems, "\n"))
+	}
+	return rep
+}
+
 // TestCitusRun measures the operations on a Citus cluster (-citus) for a
 // moment: every operation completes there without an error or a refusal,
 // the CPU of the coordinator and of both workers is counted, and the report
@@ -146,17 +154,7 @@ func TestCitusRun(t *testing.T) {
 	cfg.OpDuration = 300 * time.Millisecond
 	cfg.Duration = 0
 	cfg.Citus = true
-	var progress bytes.Buffer
-	rep, err := Measure(context.Background(), cfg, &progress)
-	if errors.Is(err, errNoProc) {
-		t.Skipf("the server's processes are not visible here: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("Measure: %v\nprogress:\n%s", err, progress.String())
-	}
-	if problems := rep.Problems(); len(problems) > 0 {
-		t.Errorf("problems:\n%s", strings.Join(problems, "\n"))
-	}
+	rep := measure(t, cfg)
 	if rep.Citus == nil || len(rep.Citus.Ops) != len(Operations)*len(cfg.Clients) || rep.Citus.Workers != 2 {
 		t.Fatalf("the Citus run: %+v, want every operation at every number of clients on two workers", rep.Citus)
 	}
