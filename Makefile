@@ -3,11 +3,12 @@
 # start a throwaway PostgreSQL of their own when DATABASE_URL is not set.
 
 GO        ?= go
-# Two modules, one workspace (go.work): the library (.) and the reference
-# service, the checks, the benchmarks and the tools (./cmd).
-PKGS      ?= ./... ./cmd/...
+# Three modules, one workspace (go.work): the library (.), the reference
+# service, the checks, the benchmarks and the tools (./cmd), and the gRPC
+# front (./grpc).
+PKGS      ?= ./... ./cmd/... ./grpc/...
 # Packages whose tests hammer shared state from many goroutines.
-RACE_PKGS ?= ./permit/... ./middleware/... ./housekeeping/... ./internal/housekeep/... ./replica/... ./nodelimit/... ./cursor/...
+RACE_PKGS ?= ./permit/... ./ban/... ./middleware/... ./housekeeping/... ./internal/housekeep/... ./replica/... ./nodelimit/... ./cursor/... ./grpc/...
 
 .DEFAULT_GOAL := help
 
@@ -47,10 +48,14 @@ FUZZTIME ?= 30s
 # run in `make test` takes that form, which a loaded machine cannot turn
 # into a spurious "context deadline exceeded" at the end of the time)
 .PHONY: fuzz
-fuzz: ## fuzz the cursor decoder and the page parser (FUZZTIME each)
+fuzz: ## fuzz the cursor decoder, the page parser and the client address (FUZZTIME each)
 	@for target in $$($(GO) test -list '^Fuzz' ./cursor/ | grep '^Fuzz'); do \
 		echo "fuzz $$target $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./cursor/ || exit 1; \
+	done
+	@for target in $$($(GO) test -list '^Fuzz' ./clientaddr/ | grep '^Fuzz'); do \
+		echo "fuzz $$target $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./clientaddr/ || exit 1; \
 	done
 
 .PHONY: generate
@@ -65,6 +70,7 @@ verify: ## generated code matches the SQL (sqlc diff), every query prepares on a
 	$(GO) mod verify
 	GOWORK=off $(GO) mod tidy -diff
 	cd cmd && GOWORK=off $(GO) mod tidy -diff
+	cd grpc && GOWORK=off $(GO) mod tidy -diff
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck

@@ -138,14 +138,14 @@ func TestOnCitus(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"pglimit.slot": "scope", "pglimit.login_attempt": "key", "pglimit.api_request_window": "key"}
+	want := map[string]string{"pglimit.slot": "scope", "pglimit.login_attempt": "key", "pglimit.api_request_window": "key", "pglimit.ban": "key"}
 	if fmt.Sprint(placed) != fmt.Sprint(want) || len(colocation) != 1 {
 		t.Fatalf("distributed: %v in %d colocation groups; want %v, colocated", placed, len(colocation), want)
 	}
 	for _, w := range cluster.WorkerURLs("postgres") {
 		var logged int
 		if err := pgxQueryRow(ctx, w, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname = 'pglimit' AND c.relkind = 'r' AND c.relname ~ '^(slot|login_attempt|api_request_window)_[0-9]+$'
+			WHERE n.nspname = 'pglimit' AND c.relkind = 'r' AND c.relname ~ '^(slot|login_attempt|api_request_window|ban)_[0-9]+$'
 			AND c.relpersistence <> 'u'`, &logged); err != nil {
 			t.Fatal(err)
 		}
@@ -225,6 +225,8 @@ func TestOnCitus(t *testing.T) {
 		"RefusalMinuteAdd":                "refusals per minute: a coordinator table, at most a write a second per limiter",
 		"RefusalMinuteDeleteLapsed":       "housekeeping of that coordinator table",
 		"BusNotify":                       "a reset's notice to every replica: pg_notify on the coordinator",
+		"BusPing":                         "the bus's liveness check: pg_notify on the coordinator",
+		"BusKey":                          "the bus's key, read when it connects: a coordinator table",
 		"ReplicaHeartbeat":                "the replica registry: a coordinator table",
 		"ReplicaDeleteLapsed":             "housekeeping of the registry",
 		"HousekeepingTryLock":             "housekeeping's turn: an advisory lock on the coordinator",

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -11,7 +12,7 @@ import (
 // libraryPackages are the packages a service imports to use pglimit.
 var libraryPackages = []string{
 	".", "./db", "./sql/schema", "./permit", "./problem", "./cursor",
-	"./middleware/...", "./replica", "./housekeeping", "./nodelimit",
+	"./middleware/...", "./replica", "./housekeeping", "./nodelimit", "./clientaddr", "./access", "./ban",
 }
 
 // forbiddenDeps are the modules of the reference service, the load check,
@@ -193,6 +194,33 @@ func TestAdopterModule(t *testing.T) {
 		for _, m := range required {
 			if strings.HasPrefix(m, bad) {
 				t.Errorf("an adopter requires %s", m)
+			}
+		}
+	}
+}
+
+// TestNoGRPCInLibraryModule runs go list -deps -test over every package of
+// the library module, tests included, outside the workspace (GOWORK=off:
+// the module as an adopter's build sees it), and fails on any package of
+// gRPC, of go-grpc-middleware or of the gRPC front (./grpc, a module of its
+// own): a service that only speaks HTTP builds nothing of gRPC.
+func TestNoGRPCInLibraryModule(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("go", "list", "-deps", "-test", "./...")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps -test ./...: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 100 || !slices.Contains(deps, "github.com/pglimit/pglimit/middleware/ratelimit") {
+		t.Fatalf("go list -deps -test named %d packages, without middleware/ratelimit: it listed nothing useful\n%s", len(deps), out)
+	}
+	for _, dep := range deps {
+		for _, bad := range []string{"google.golang.org/grpc", "github.com/grpc-ecosystem/", "github.com/pglimit/pglimit/grpc"} {
+			dep = strings.Trim(dep, "[]")
+			if dep == strings.TrimSuffix(bad, "/") || strings.HasPrefix(dep, strings.TrimSuffix(bad, "/")+"/") {
+				t.Errorf("the library module builds %s", dep)
 			}
 		}
 	}

@@ -25,8 +25,11 @@ const (
 	ClassCanceled Class = "canceled"
 	// ClassUnavailable is a database that cannot be reached: a failed
 	// connect, a broken connection, a server shutting down or starting up,
-	// too many connections, or a limiter's own Timeout option expired
-	// while it connected or waited. Answer 503; it passes.
+	// too many connections, a primary that became read-only in a failover
+	// (SQLSTATE 25006), a serialization failure or deadlock the database
+	// rolled back (40001, 40P01), or a limiter's own Timeout option
+	// expired while it connected or waited: the database cannot decide
+	// now. Answer 503 with Retry-After; it passes.
 	ClassUnavailable Class = "unavailable"
 	// ClassTimeout is a statement stopped at its time bound:
 	// statement_timeout (SQLSTATE 57014) or a context deadline.
@@ -41,7 +44,9 @@ const (
 // this order, for: nil; context.Canceled; a limiter's own Timeout or a
 // failed connect (unavailable); a context deadline or SQLSTATE 57014
 // (timeout); a connection-class or resource SQLSTATE (08, 57 other than
-// 57014, 53), a network error or a closed connection (unavailable).
+// 57014, 53), a read-only transaction (25006, a demoted primary), a
+// serialization failure or deadlock (40001, 40P01), a network error or a
+// closed connection (unavailable).
 // Everything else is ClassOther.
 func Classify(err error) Class {
 	switch {

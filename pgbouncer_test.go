@@ -261,7 +261,7 @@ func noKey(*http.Request) (string, bool) { return "", false }
 
 // TestPgBouncerClaimIsOneTransaction shows that a permit claim stays one
 // implicit transaction behind PgBouncer in transaction pooling mode: the
-// advisory lock and the claim travel in one pgx Batch ending in one Sync, so
+// scope lock and the claim travel in one pgx Batch ending in one Sync, so
 // PgBouncer hands the server connection back only after both. Four pools
 // (replicas) of four claimers each claim one key's 16 permits at once, round
 // after round: every claim is granted — which needs the lock taken in the

@@ -12,7 +12,11 @@
 // per key, GCRA). middleware/readroute sends history reads to a read
 // replica, cursor pages deep history by key, nodelimit shares an outbound
 // call rate between replicas, and permit is the leased slot under heavy,
-// inflight and upload, usable on its own.
+// inflight and upload, usable on its own; ban refuses, on every replica
+// and from memory, a key a rate limit refused too often
+// (ratelimit.Options.Ban). access keeps allow and deny
+// lists as data, in force on every replica within a second, matched in
+// memory; middleware/rules denies (403) and exempts by them.
 //
 // This package is the small part they share: ErrLimited, which every
 // refusal matches; Classify, which tells a database that cannot be reached

@@ -17,7 +17,16 @@ import (
 // exported types) of every package an adopter imports, outside db/ (the
 // sqlc output, documented as not part of the API) and the test and tool
 // harness.
-const maxExported = 190
+// (195 since clientaddr, a package of the design's module map: Options,
+// Resolver, New, Key and Header; 218 since quota, calendar quotas of
+// issue 31: Options, Period and its three values, Limiter, Permit, State,
+// LimitError, the charges, the settle, peek, keys and reset; 229 since
+// override, limits as data: Store, New, Options, Override, Limit, Set,
+// Remove, List, Close, ErrInvalid, MaxLimit; 268 with issue 29's ban
+// (8), access and middleware/rules (22), the gRPC accessors (3) and
+// middleware/quota (6). Issue 28 asks for this to shrink: the engines
+// under one shape.)
+const maxExported = 268
 
 // notPublic are the folders whose packages are not the library's API.
 var notPublic = []string{"internal", "cmd", "examples", "db", "harness", "tools", "testdata", "docs", "sql/queries"}

@@ -9,19 +9,76 @@ import (
 	"context"
 )
 
+const busKey = `-- name: BusKey :one
+SELECT k.key, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+FROM pglimit.bus_key AS k
+`
+
+type BusKeyRow struct {
+	Key   []byte
+	NowUs int64
+}
+
+// The bus's key, read when it connects, and the database's clock then (in
+// microseconds since 1970): notifications stamped long before it are
+// stale.
+func (q *Queries) BusKey(ctx context.Context, db DBTX) (*BusKeyRow, error) {
+	row := db.QueryRow(ctx, busKey)
+	var i BusKeyRow
+	err := row.Scan(&i.Key, &i.NowUs)
+	return &i, err
+}
+
 const busNotify = `-- name: BusNotify :exec
 
-SELECT pg_notify('pglimit', $1::text)
+SELECT pg_notify('pglimit', m.head || encode(sha256(k.outer_pad || sha256(k.inner_pad || convert_to(m.head || $1::text, 'UTF8'))), 'hex')
+                            || chr(10) || $1::text)
+FROM pglimit.bus_key AS k
+CROSS JOIN (SELECT nextval('pglimit.bus_seq') || ' ' || (extract(epoch FROM clock_timestamp()) * 1000000)::bigint || ' ' AS head) AS m
 `
 
 // The invalidation bus (internal/bus): a write that undoes what replicas
 // remember (a reset, a cleared sign-in throttle, a reservation given back)
 // is followed by this notification on the channel pglimit, delivered at
-// its commit to every replica listening. It touches no table, so it runs on
-// the server the replicas listen to (a Citus coordinator, never a worker).
-// Sends @payload (a topic, a newline, a stored key; or a topic alone) to
-// every listening replica.
+// its commit to every replica listening. It runs on the server the
+// replicas listen to (a Citus coordinator, never a worker), and reads
+// only the coordinator's pglimit.bus_key and pglimit.bus_seq.
+//
+// Any role that may connect may NOTIFY on the channel and LISTEN to it, so
+// every notification is authenticated (migration 00008): its payload is
+// "<seq> <at> <tag>\n" and then the message (a topic, a newline, a stored
+// key; or a topic alone), where seq is nextval of pglimit.bus_seq, at the
+// database's clock in microseconds since 1970, and tag the hex
+// HMAC-SHA256, under pglimit.bus_key's key, of "<seq> <at> " followed by
+// the message (in UTF-8). The HMAC is computed here, with the built-in
+// sha256() over the key's stored pads, so a writer holds no secret and
+// the time is the database's, the one clock every replica shares. One
+// statement per invalidation, as before: the key's one-row read, a
+// nextval and two sha256 of a few hundred bytes are microseconds.
+// Sends @payload (a topic, a newline, a stored key; or a topic alone),
+// authenticated, to every listening replica.
 func (q *Queries) BusNotify(ctx context.Context, db DBTX, payload string) error {
 	_, err := db.Exec(ctx, busNotify, payload)
 	return err
+}
+
+const busPing = `-- name: BusPing :one
+SELECT pg_backend_pid()::int AS pid
+FROM (
+    SELECT pg_notify('pglimit', m.head || encode(sha256(k.outer_pad || sha256(k.inner_pad || convert_to(m.head || $1::text, 'UTF8'))), 'hex')
+                                || chr(10) || $1::text)
+    FROM pglimit.bus_key AS k
+    CROSS JOIN (SELECT nextval('pglimit.bus_seq') || ' ' || (extract(epoch FROM clock_timestamp()) * 1000000)::bigint || ' ' AS head) AS m
+) AS n
+`
+
+// The bus's liveness check, on its own listening connection: BusNotify of
+// @payload ("ping", a newline, a nonce), answering the server session it
+// ran in, so that the bus sees a pooler that runs its statements in
+// other sessions than the one that listens.
+func (q *Queries) BusPing(ctx context.Context, db DBTX, payload string) (int32, error) {
+	row := db.QueryRow(ctx, busPing, payload)
+	var pid int32
+	err := row.Scan(&pid)
+	return pid, err
 }

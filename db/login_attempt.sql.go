@@ -38,6 +38,38 @@ func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) ([
 	return items, nil
 }
 
+const loginAttemptCount = `-- name: LoginAttemptCount :one
+SELECT count(*) FROM pglimit.login_attempt WHERE expires_at > now()
+`
+
+// How many throttles are live, for the operator view beside its bounded
+// list (LoginAttemptList).
+func (q *Queries) LoginAttemptCount(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, loginAttemptCount)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
+const loginAttemptDeleteEmpty = `-- name: LoginAttemptDeleteEmpty :execrows
+DELETE FROM pglimit.login_attempt WHERE key = $1::text AND failures = 0
+`
+
+// After LoginAttemptUnreserve left a key no failure: its row goes, so that
+// a key whose only attempts were given back (every successful sign-in of
+// a client address: middleware/signin, Scope "address") keeps no row and
+// no window; its next failure opens a new one. failures = 0 is judged
+// against the latest committed row, so a reservation made meanwhile keeps
+// it. (A second statement, not a data-modifying CTE: one statement may
+// not both update and delete a row.)
+func (q *Queries) LoginAttemptDeleteEmpty(ctx context.Context, db DBTX, key string) (int64, error) {
+	result, err := db.Exec(ctx, loginAttemptDeleteEmpty, key)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const loginAttemptDeleteLapsed = `-- name: LoginAttemptDeleteLapsed :execrows
 DELETE FROM pglimit.login_attempt
 WHERE key IN (
@@ -106,11 +138,14 @@ SELECT key, failures, first_at, last_at, expires_at
 FROM pglimit.login_attempt
 WHERE expires_at > now()
 ORDER BY expires_at DESC, key
+LIMIT $1::int
 `
 
-// The live throttles, for the operator view.
-func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX) ([]*PglimitLoginAttempt, error) {
-	rows, err := db.Query(ctx, loginAttemptList)
+// The live throttles, for the operator view: the first @max by lapse time,
+// latest first (anyone may make a throttle row by failing a sign-in, so
+// the list is bounded; LoginAttemptCount counts them all).
+func (q *Queries) LoginAttemptList(ctx context.Context, db DBTX, max int32) ([]*PglimitLoginAttempt, error) {
+	rows, err := db.Query(ctx, loginAttemptList, max)
 	if err != nil {
 		return nil, err
 	}

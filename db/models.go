@@ -8,7 +8,16 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+type PglimitAccessRule struct {
+	ID        int64
+	List      string
+	Match     string
+	CreatedAt time.Time
+	ExpiresAt pgtype.Timestamptz
+}
 
 type PglimitApiRequestWindow struct {
 	Name      string
@@ -19,6 +28,23 @@ type PglimitApiRequestWindow struct {
 	DecidedAt time.Time
 	ExpiresAt time.Time
 	Borrowed  int32
+}
+
+type PglimitBan struct {
+	Key       string
+	Refusals  int32
+	FirstAt   time.Time
+	LastAt    time.Time
+	Until     pgtype.Timestamptz
+	BannedAt  pgtype.Timestamptz
+	ExpiresAt time.Time
+}
+
+type PglimitBusKey struct {
+	ID       bool
+	Key      []byte
+	InnerPad []byte
+	OuterPad []byte
 }
 
 type PglimitHeavyPermit struct {
@@ -33,12 +59,40 @@ type PglimitHeavyPermit struct {
 	ExpiresAt time.Time
 }
 
+type PglimitLimitOverride struct {
+	Policy    string
+	Key       string
+	Limit     int64
+	ExpiresAt pgtype.Timestamptz
+	UpdatedAt time.Time
+}
+
 type PglimitLoginAttempt struct {
 	Key       string
 	Failures  int32
 	FirstAt   time.Time
 	LastAt    time.Time
 	ExpiresAt time.Time
+}
+
+type PglimitQuotaLedger struct {
+	Name        string
+	Key         string
+	PeriodStart time.Time
+	PeriodEnd   time.Time
+	Used        int64
+	Allowed     bool
+	DecidedAt   time.Time
+}
+
+type PglimitQuotaUsage struct {
+	Name        string
+	Key         string
+	PeriodStart time.Time
+	PeriodEnd   time.Time
+	Used        int64
+	Allowed     bool
+	DecidedAt   time.Time
 }
 
 type PglimitRefusalMinute struct {
@@ -79,6 +133,10 @@ type PglimitSlot struct {
 	Replica   string
 	ClaimedAt time.Time
 	ExpiresAt time.Time
+}
+
+type PglimitSlotLock struct {
+	Bucket int32
 }
 
 type PglimitUploadWindow struct {

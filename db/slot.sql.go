@@ -507,6 +507,18 @@ func (q *Queries) SlotClaimTwo(ctx context.Context, db DBTX, arg *SlotClaimTwoPa
 	return items, nil
 }
 
+const slotCount = `-- name: SlotCount :one
+SELECT count(*) FROM pglimit.slot WHERE kind = $1::text AND expires_at > now()
+`
+
+// How many slots of one kind are live, beside SlotListFirst.
+func (q *Queries) SlotCount(ctx context.Context, db DBTX, kind string) (int64, error) {
+	row := db.QueryRow(ctx, slotCount, kind)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const slotDeleteLapsed = `-- name: SlotDeleteLapsed :many
 WITH gone AS (
     DELETE FROM pglimit.slot
@@ -642,21 +654,79 @@ func (q *Queries) SlotList(ctx context.Context, db DBTX, kind string) ([]*SlotLi
 	return items, nil
 }
 
+const slotListFirst = `-- name: SlotListFirst :many
+SELECT scope, slot, holder, endpoint, replica, claimed_at, expires_at
+FROM pglimit.slot
+WHERE kind = $1::text AND expires_at > now()
+ORDER BY expires_at DESC, scope, slot
+LIMIT $2::int
+`
+
+type SlotListFirstParams struct {
+	Kind string
+	Max  int32
+}
+
+type SlotListFirstRow struct {
+	Scope     string
+	Slot      int32
+	Holder    string
+	Endpoint  string
+	Replica   string
+	ClaimedAt time.Time
+	ExpiresAt time.Time
+}
+
+// The first @max live slots of one kind by lapse time, latest first, for
+// the operator view (GET /api/limits), which lists a bounded number of
+// rows and counts the rest (SlotCount).
+func (q *Queries) SlotListFirst(ctx context.Context, db DBTX, arg *SlotListFirstParams) ([]*SlotListFirstRow, error) {
+	rows, err := db.Query(ctx, slotListFirst, arg.Kind, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*SlotListFirstRow
+	for rows.Next() {
+		var i SlotListFirstRow
+		if err := rows.Scan(
+			&i.Scope,
+			&i.Slot,
+			&i.Holder,
+			&i.Endpoint,
+			&i.Replica,
+			&i.ClaimedAt,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const slotLockScopes = `-- name: SlotLockScopes :exec
 
-SELECT set_config('jit', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true),
-       pg_advisory_xact_lock(1196, k.key)
-FROM (
-    SELECT DISTINCT hashtext($1::text || ':' || s.scope) AS key
-    FROM unnest($2::text[]) AS s(scope)
-    ORDER BY 1
-) AS k
+WITH settings AS MATERIALIZED (
+    SELECT set_config('jit', 'off', true) AS jit,
+           set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
+           set_config('lock_timeout', $3::int || 'ms', true) AS lock_timeout
+)
+INSERT INTO pglimit.slot_lock AS l (bucket)
+SELECT DISTINCT hashtext($1::text || ':' || s.scope) & 4095
+FROM unnest($2::text[]) AS s(scope)
+CROSS JOIN settings
+ORDER BY 1
+ON CONFLICT (bucket) DO UPDATE SET bucket = excluded.bucket WHERE false
 `
 
 type SlotLockScopesParams struct {
-	Kind   string
-	Scopes []string
+	Kind          string
+	Scopes        []string
+	LockTimeoutMs int32
 }
 
 // Leased slots (ADR-0196 decisions 2 and 5): heavy permits, the per-token
@@ -704,22 +774,32 @@ type SlotLockScopesParams struct {
 // release leaves at once in a round trip of its own, or in the one about
 // to leave; its caller (a Handler, before its answer completes) waits for
 // it.
-// Serialises claimers of the same scopes until their transaction ends. It
-// runs before the claim statement in the same batch, so the claim's
+// Serialises claimers of the same scopes until their transaction ends, by
+// locking one row of pglimit.slot_lock per scope (a bucket of the scope's
+// hash; migration 00007): a row lock no role but pglimit's owner can take
+// or hold (an advisory lock, which this was, any role may take and hold).
+// It runs before the claim statement in the same batch, so the claim's
 // snapshot is taken after the lock and sees every slot committed by the
 // claimer before it: claims judged under the lock never race each other
-// (only the lock-free first tries of other round trips). Locks are taken in one order (by key), so that two batches cannot
-// deadlock; the two-key form (class 1196) keeps clear of the application's
-// own single-key advisory locks. A collision of two scopes' hashes only
-// makes them take turns.
-// It also sets, for the rest of the transaction, two planner settings for
-// SlotClaim: no JIT (its default row estimates for unnest and
-// generate_series look costly, and compiling would cost far more than
-// running it), and the generic plan, which a prepared claim then plans once
-// per connection instead of on every execution (planning is most of a
-// small claim's server time).
+// (only the lock-free first tries of other round trips). Rows are locked
+// in one order (by bucket), so that two batches cannot deadlock. A bucket
+// shared by two scopes only makes them take turns. A missing row (a new
+// database, or after a crash emptied the UNLOGGED table) is inserted
+// here; one that exists is locked and left as it is (ON CONFLICT DO UPDATE
+// locks the row even when its WHERE is false, and writes nothing).
+// Before locking it sets, for the rest of the transaction, lock_timeout
+// (@lock_timeout_ms, half the Leaser's Timeout: a claim that cannot have
+// its turn fails with SQLSTATE 55P03, unavailable, on a connection that
+// stays usable, rather than waiting until its caller gives up) and two
+// planner settings for SlotClaim: no JIT (its default row estimates for
+// unnest and generate_series look costly, and compiling would cost far
+// more than running it), and the generic plan, which a prepared claim
+// then plans once per connection instead of on every execution (planning
+// is most of a small claim's server time). The settings are a
+// materialized CTE the rows are joined with, so they are made before the
+// first row is locked.
 func (q *Queries) SlotLockScopes(ctx context.Context, db DBTX, arg *SlotLockScopesParams) error {
-	_, err := db.Exec(ctx, slotLockScopes, arg.Kind, arg.Scopes)
+	_, err := db.Exec(ctx, slotLockScopes, arg.Kind, arg.Scopes, arg.LockTimeoutMs)
 	return err
 }
 

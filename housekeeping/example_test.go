@@ -44,7 +44,7 @@ func Example() {
 		return
 	}
 	fmt.Println("ran:", deleted != nil)
-	for _, table := range []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute"} {
+	for _, table := range []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute", "ban"} {
 		fmt.Println(table, deleted[table])
 	}
 	// Output:
@@ -56,4 +56,5 @@ func Example() {
 	// replica 0
 	// api_request_window 0
 	// refusal_minute 0
+	// ban 0
 }

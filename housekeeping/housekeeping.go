@@ -39,8 +39,8 @@ import (
 // Sweep deletes the lapsed rows of every limit table of pool's database
 // once, unless another replica is sweeping, and returns the rows deleted
 // per table (every table, zero included): heavy_permit, request_in_flight,
-// upload_window, login_attempt, replica, api_request_window and
-// refusal_minute. It returns a nil map when another replica held the
+// upload_window, login_attempt, replica, api_request_window,
+// refusal_minute and ban. It returns a nil map when another replica held the
 // housekeeping lock and this one left the sweep to it. On an error the rows
 // deleted so far are in the map. It logs through slog.Default and counts
 // through otel.GetMeterProvider.

@@ -29,7 +29,7 @@ func TestSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]int64{"heavy_permit": 0, "request_in_flight": 0, "upload_window": 0, "login_attempt": 1,
-		"replica": 0, "api_request_window": 0, "refusal_minute": 0}
+		"replica": 0, "api_request_window": 0, "refusal_minute": 0, "quota_usage": 0, "quota_ledger": 0, "ban": 0}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("deleted (-want +got):\n%s", diff)
 	}

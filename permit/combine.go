@@ -3,6 +3,7 @@ package permit
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -471,7 +472,8 @@ func (l *Leaser) send(ops []*op, caller context.Context) {
 			err = l.judge(claims, rows)
 		}
 	default:
-		_ = l.q.SlotLockScopes(ctx, b, &db.SlotLockScopesParams{Kind: string(l.kind), Scopes: scopes})
+		_ = l.q.SlotLockScopes(ctx, b, &db.SlotLockScopesParams{Kind: string(l.kind), Scopes: scopes,
+			LockTimeoutMs: l.lockTimeoutMs()})
 		if len(rel.LeaseIds) > 0 {
 			_, _ = l.q.SlotRelease(ctx, b, &rel)
 		}
@@ -490,7 +492,7 @@ func (l *Leaser) send(ops []*op, caller context.Context) {
 	// a race as a whole (SlotClaimTwo, SlotClaim: nothing of it was kept).
 	cut := caller != nil && err != nil && caller.Err() != nil
 	again := err != nil && lostRace(err)
-	err = dberr.OwnTimeout(ctx, err)
+	err = dberr.LockTimeout(dberr.OwnTimeout(ctx, err))
 	if err != nil && len(rel.LeaseIds) > 0 && !cut && !again {
 		l.log.Warn("permit: release failed; the slots lapse on their own at the end of their lease",
 			"kind", string(l.kind), "leases", len(rel.LeaseIds), "err", err)
@@ -552,6 +554,14 @@ func (l *Leaser) send(ops []*op, caller context.Context) {
 	for _, o := range done {
 		close(o.done)
 	}
+}
+
+// lockTimeoutMs is the lock_timeout of a round trip under the scope lock
+// (SlotLockScopes): half the Leaser's Timeout, so that a claim that cannot
+// have its turn fails as unavailable with the rest of the Timeout to spare
+// and its connection usable, instead of being cut at the Timeout.
+func (l *Leaser) lockTimeoutMs() int32 {
+	return int32(min(max(l.timeout/2/time.Millisecond, 1), math.MaxInt32))
 }
 
 // onShard sends ops on a Citus cluster, where each statement must be one

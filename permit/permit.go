@@ -21,10 +21,15 @@
 // second holder of a slot impossible (no over-grants). A claim's first
 // try takes no lock: two claims of one scope that arrive together may pick
 // the same free slot, and the one that loses takes nothing (not half of
-// its scopes either) and is judged again under a transaction-scoped
-// advisory lock per scope, which makes claims of one scope take turns
-// across replicas, so a claim is refused only when the scope really is
-// full (no false refusals).
+// its scopes either) and is judged again under the scope lock, which makes
+// claims of one scope take turns across replicas, so a claim is refused
+// only when the scope really is full (no false refusals). The scope lock
+// is a row lock on pglimit.slot_lock, which no role but pglimit's owner
+// may take (an advisory lock, which it was, any role connected to the
+// database may take and hold, stalling every claim of the scope; see
+// TestNoClaimWaitsOnAnotherRolesLock), with a lock_timeout of half the
+// Timeout: a claim that cannot have its turn fails as unavailable (503),
+// its connection kept (TestStalledTurnFailsAsUnavailable).
 //
 // Claims and releases of one Leaser that arrive while its previous round
 // trip is in flight wait for it and then travel together, in one batch:

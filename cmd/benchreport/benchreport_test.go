@@ -40,6 +40,7 @@ func TestReport(t *testing.T) {
 		"| 0 | 1 |", "| 10,000 | 4 |", // page depths that fit in 12,000 rows
 		"| heavy: unidentified (passes) |", "| inflight: unidentified (passes) |", "| signin: unidentified (400) |", "| cursor: parse + next |",
 		"![p50 and p99 latency", "(docs/bench.svg)", "**Machine:**",
+		"## The gRPC call", "| gRPC call alone | 1 |", "| gRPC call, rate limit | 4 |", "| gRPC call, in-flight cap | 1 |",
 	} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report without %q", want)

@@ -224,7 +224,12 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 		return nil, err
 	}
 	defer stopRequests()
-	paths := append(append(append(suite.Baselines(), suite.Limits()...), pages...), requests...)
+	calls, stopCalls, err := grpcPaths(pool)
+	if err != nil {
+		return nil, err
+	}
+	defer stopCalls()
+	paths := append(append(append(append(suite.Baselines(), suite.Limits()...), pages...), requests...), calls...)
 	rep.Paths = paths
 	// Every path but the pages runs in -rounds interleaved rounds, each
 	// starting with another path, so that what else the machine does falls

@@ -164,7 +164,7 @@ func (r *Report) Markdown(chart string) string {
 	w("| path | clients | p50 | p99 | ops/s | ÷ SELECT 1 p50 | ÷ redis_rate p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, clients := range o.clients {
 		for _, m := range r.Results {
-			if m.Result.Clients != clients || m.Path.Kind == bench.Page || m.Path.Kind == bench.Request {
+			if m.Result.Clients != clients || m.Path.Kind == bench.Page || m.Path.Kind == bench.Request || m.Path.Kind == kindGRPC {
 				continue
 			}
 			redis := "–"
@@ -184,13 +184,14 @@ func (r *Report) Markdown(chart string) string {
 	}
 	w("\nWhat one operation of each path does:\n\n")
 	for _, p := range r.Paths {
-		if p.Kind != bench.Page && p.Kind != bench.Request {
+		if p.Kind != bench.Page && p.Kind != bench.Request && p.Kind != kindGRPC {
 			w("- **%s** — %s\n", p.Name, p.What)
 		}
 	}
 	r.summary(&b, hasRedis)
 	r.floorsSection(&b)
 	r.requestSection(&b)
+	r.grpcSection(&b)
 
 	r.rateSection(&b)
 
@@ -276,7 +277,7 @@ func (r *Report) summary(b *strings.Builder, hasRedis bool) {
 	lo, hi := cs[0], cs[len(cs)-1]
 	var scale []string
 	for _, p := range r.Paths {
-		if p.Kind == bench.Page || p.Kind == bench.Request {
+		if p.Kind == bench.Page || p.Kind == bench.Request || p.Kind == kindGRPC {
 			continue
 		}
 		a, ok1 := r.find(p.Name, lo)
@@ -286,7 +287,7 @@ func (r *Report) summary(b *strings.Builder, hasRedis bool) {
 		}
 	}
 	fmt.Fprintf(b, "\n**Throughput from %d to %d clients:** %s. ", lo, hi, strings.Join(scale, ", "))
-	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its advisory lock (sql/queries/slot.sql, SlotLockScopes); a replica combines the claims that arrive while its previous round trip is in flight into one batch (package permit), so they share each turn. The other limits' scopes are per user, token or key.\n")
+	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its lock row (sql/queries/slot.sql, SlotLockScopes); a replica combines the claims that arrive while its previous round trip is in flight into one batch (package permit), so they share each turn. The other limits' scopes are per user, token or key.\n")
 }
 
 func joinInts(xs []int) string {

@@ -276,12 +276,14 @@ func hasRateHeaders(h http.Header) bool {
 	return has("RateLimit-Policy") && has("RateLimit")
 }
 
-// byToken groups the requests of every token, in the order they were sent.
-func byToken(recs []record) map[string][]*record {
+// byUser groups the requests made with a token by the token's user, in the
+// order they were sent: the API rate is kept per user, every token of the
+// user together (a new sign-in does not buy a new rate).
+func byUser(recs []record) map[string][]*record {
 	groups := map[string][]*record{}
 	for i := range recs {
 		if r := &recs[i]; r.token != "" {
-			groups[r.token] = append(groups[r.token], r)
+			groups[r.user] = append(groups[r.user], r)
 		}
 	}
 	for _, g := range groups {
@@ -290,17 +292,17 @@ func byToken(recs []record) map[string][]*record {
 	return groups
 }
 
-// rateExcess is the most requests of one token the rate limit admitted in
-// an interval, less perSecond × the interval, over every token and every
+// rateExcess is the most requests of one user the rate limit admitted in
+// an interval, less perSecond × the interval, over every user and every
 // interval between two admitted requests, measured from the first one's
 // send to the last one's answer. Those requests were all decided within
 // that interval, so with GCRA the excess is at most the burst; the
 // interval as the client measures it is longer than the real one by the
 // requests' latency, so the excess can only be underestimated: a value
 // above the burst is an over-grant, whatever the timing. where names the
-// token and interval of the highest.
+// user and interval of the highest.
 func rateExcess(recs []record, perSecond float64) (excess float64, where string) {
-	for token, g := range byToken(recs) {
+	for user, g := range byUser(recs) {
 		var admitted []*record
 		for _, r := range g {
 			if r.err == nil && r.status != 0 && !r.refusedBy(slugRate) && !r.unauthenticated() {
@@ -313,7 +315,7 @@ func rateExcess(recs []record, perSecond float64) (excess float64, where string)
 				last = max(last, admitted[j].end)
 				if e := float64(j-i+1) - perSecond*(last-first.start).Seconds(); e > excess {
 					excess = e
-					where = fmt.Sprintf("; highest for %s: %d admitted in %v from %.3fs", token, j-i+1,
+					where = fmt.Sprintf("; highest for %s: %d admitted in %v from %.3fs", user, j-i+1,
 						(last - first.start).Round(time.Millisecond), first.start.Seconds())
 				}
 			}
@@ -324,16 +326,16 @@ func rateExcess(recs []record, perSecond float64) (excess float64, where string)
 
 // judgeRate returns the number of rate refusals and of false ones. A
 // refusal R (sent at s0, answered at s1) is false when the ledger proves
-// the token had room at every moment R may have been decided: GCRA refuses
+// the user had room at every moment R may have been decided: GCRA refuses
 // at t only if, for some u <= t, the requests admitted in [u, t] plus this
 // one exceed burst + perSecond × (t-u). Counting as admitted in [u, t]
-// every request of the token that may have been (sent before s1, answered
+// every request of the user that may have been (sent before s1, answered
 // after u, not refused by the rate limit; one without an answer always),
 // and taking t = s0 for the allowance, a refusal that still fits for
 // every u was false. Only the load check drives the service, so the rule
 // can miss a false refusal but never invents one.
 func judgeRate(recs []record, perSecond float64, burst int, slack time.Duration) (refused, falseRefused int) {
-	for _, g := range byToken(recs) {
+	for _, g := range byUser(recs) {
 		for _, r := range g {
 			if !r.refusedBy(slugRate) {
 				continue

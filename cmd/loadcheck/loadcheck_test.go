@@ -106,7 +106,23 @@ func everyLimitHolds(t *testing.T, rep *Report) {
 		// slower the machine (4 of 10 on a loaded one): for it, reached is
 		// refused (the verdict above), and a limiter that admitted less than
 		// the rate and its burst shows in false refusals (below).
-		if row.Limit != "api rate per token" && row.Highest < row.Cap {
+		//
+		// The sql-console, installation and in-flight observers poll
+		// pg_stat_activity and see console statements only, while heavy
+		// reads and every other request hold the same slots: on a slow
+		// machine (or Citus) two console statements of one user or token,
+		// or four of the installation, may never run at the same moment
+		// the observer polls although the cap is full (CI on Citus: one
+		// console statement seen, one refused, none falsely). For them a refusal none of which
+		// was false (the client's ledger shows the cap may have been full at
+		// each) also shows the load reached the limit. TestLoadCheckSeesExcess
+		// shows every observer able to see an excess.
+		reached := row.Highest >= row.Cap
+		if row.Limit == "api rate per user" ||
+			(row.Limit == "sql-console per user" || row.Limit == "heavy, installation" || row.Limit == "in-flight per token") && row.Refused > 0 && row.FalseRefusals == 0 {
+			reached = true
+		}
+		if !reached {
 			t.Errorf("%s: the observer saw at most %d, limit %d: the load did not reach it", row.Limit, row.Highest, row.Cap)
 		}
 		if row.FalseRefusals > 0 {
@@ -235,6 +251,7 @@ func TestRateJudgement(t *testing.T) {
 	t.Parallel()
 	ok := func(start, end int) record { return rec(kindRate, "t", start, end, 200, "") }
 	refusal := func(start, end int) record { return rec(kindRate, "t", start, end, 429, slugRate) }
+	otherToken := func(r record) record { r.token = "t2"; return r } // the user's second sign-in
 	for _, tc := range []struct {
 		name       string
 		recs       []record
@@ -250,7 +267,9 @@ func TestRateJudgement(t *testing.T) {
 		{"refused requests take nothing", []record{ok(0, 10), refusal(0, 10), refusal(20, 25)}, 0.9, 2},
 		{"an unanswered request may be decided any time", []record{ok(0, 10), rec(kindRate, "t", 0, -1, 0, ""), refusal(500, 505)}, 0.9, 1},
 		{"two unanswered ones fill the burst", []record{rec(kindRate, "t", 0, -1, 0, ""), rec(kindRate, "t", 0, -1, 0, ""), refusal(500, 505)}, 0, 0},
-		{"other tokens apart", []record{ok(0, 10), rec(kindRate, "u", 0, 10, 200, ""), refusal(20, 25)}, 0.9, 1},
+		{"other users apart", []record{ok(0, 10), rec(kindRate, "u", 0, 10, 200, ""), refusal(20, 25)}, 0.9, 1},
+		{"another token of the same user shares the rate", []record{ok(0, 10), otherToken(ok(0, 10)), refusal(20, 25)}, 1.9, 0},
+		{"an over-grant spread over two tokens", []record{ok(0, 10), ok(0, 10), otherToken(ok(0, 10))}, 2.9, 0},
 		{"an over-grant", []record{ok(0, 10), ok(0, 10), ok(0, 10), ok(5, 10)}, 3.9, 0},
 	} {
 		excess, _ := rateExcess(tc.recs, 10)
@@ -345,6 +364,7 @@ func TestFlags(t *testing.T) {
 		{"-api-rate", "0"},
 		{"-api-burst", "0"},
 		{"-rate-workers", "0"},
+		{"-node-workers", "0"},
 		{"-nope"},
 		{"extra"},
 	} {

@@ -21,7 +21,10 @@
 //   - sign-in rounds: 2×limit+2 concurrent wrong passwords for a fresh
 //     username, spread over the replicas, round after round;
 //   - uploads: -token-in-flight loops per user, on a token of their own;
-//   - queue listings of the fake node: -token-in-flight loops per replica;
+//   - queue listings of the fake node: -node-workers loops per replica, on
+//     tokens of -token-in-flight loops each (enough that every replica has a
+//     call waiting at its share of the node rate while the others do their
+//     database work);
 //   - the API rate: -rate-workers loops on a token of their own, reading
 //     GET /api/limits from the replicas in turn, above -api-rate.
 //
@@ -61,7 +64,7 @@
 //     to that times the replicas (ADR-0196 decision 6): reported as
 //     "documented", not failed.
 //
-//   - api rate per token: the answers. Highest = most requests of one token
+//   - api rate per user: the answers. Highest = most requests of one user
 //     the rate limit admitted in an interval, less -api-rate × the interval
 //     measured from the first one's send to the last one's answer (the
 //     decisions fell within it, so latency only lowers it): more than
@@ -126,10 +129,11 @@ func run(args []string) (int, error) {
 	fs.DurationVar(&cfg.UploadWindow, "upload-window", cfg.UploadWindow, "the uploads' rolling window (cmd/studio flag)")
 	fs.IntVar(&cfg.TokenInFlight, "token-in-flight", cfg.TokenInFlight, "requests in flight per token (cmd/studio flag)")
 	fs.IntVar(&cfg.NodeRate, "node-rate", cfg.NodeRate, "calls per second to the node for the installation (cmd/studio flag)")
-	fs.IntVar(&cfg.APIRate, "api-rate", cfg.APIRate, "requests per second per API token (cmd/studio flag -api-rate N/s)")
+	fs.IntVar(&cfg.APIRate, "api-rate", cfg.APIRate, "requests per second per user, all its API tokens together (cmd/studio flag -api-rate N/s)")
 	fs.IntVar(&cfg.APIBurst, "api-burst", cfg.APIBurst, "requests at once above -api-rate (cmd/studio flag)")
 	fs.BoolVar(&cfg.APIBorrow, "api-borrow", cfg.APIBorrow, "the rate limit borrows units for hot tokens (cmd/studio flag); its refusals with room are reported, not judged")
 	fs.IntVar(&cfg.RateWorkers, "rate-workers", cfg.RateWorkers, "loops driving one token above its rate")
+	fs.IntVar(&cfg.NodeWorkers, "node-workers", cfg.NodeWorkers, "loops per replica listing the node's queues, on tokens of -token-in-flight loops each")
 	fs.IntVar(&cfg.Queues, "queues", cfg.Queues, "queues of the fake node")
 	fs.DurationVar(&cfg.ConsoleSleep, "console-sleep", cfg.ConsoleSleep, "pg_sleep of each console statement")
 	fs.IntVar(&cfg.TokensPerUser, "tokens-per-user", cfg.TokensPerUser, "console tokens per user")

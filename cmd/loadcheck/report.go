@@ -129,13 +129,13 @@ observers (none of them reads pglimit's tables):
     Verdict: EXCEEDED when any n consecutive seconds hold more than replicas × share × n calls
     plus one per replica (a call a delivery delay moves across a second boundary: the limiter
     paces sending, the node counts arrival).
-  api rate: the answers, per token (every token of the load: the rate applies to each);
-    highest = most requests of one token admitted (anything but 429 too-many-requests) in an
+  api rate: the answers, per user (every user of the load, all its tokens together);
+    highest = most requests of one user admitted (anything but 429 too-many-requests) in an
     interval, less the rate × the interval, measured from the first one's send to the last
     one's answer: the decisions all fell within it, so more than the burst is an over-grant,
     and latency only makes it look smaller. Every /api/ answer but the sign-in's must carry
     RateLimit-Policy and RateLimit of the policy api. A rate refusal is false when, counting
-    every request of the token that may have been admitted before its answer, the token had
+    every request of the user that may have been admitted before its answer, the user had
     room at every moment the refusal may have been decided.
 false refusal: a 429 of a limit although, by the client's ledger of every request it sent,
   fewer than the limit's value of other requests of the same scope can have held a slot at

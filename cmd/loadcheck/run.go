@@ -62,7 +62,7 @@ type Config struct {
 	UploadWindow   time.Duration
 	TokenInFlight  int
 	NodeRate       int
-	// APIRate (requests per second per token) and APIBurst are
+	// APIRate (requests per second per user, all its tokens together) and APIBurst are
 	// cmd/studio's -api-rate and -api-burst.
 	APIRate  int
 	APIBurst int
@@ -81,6 +81,13 @@ type Config struct {
 	TokensPerUser, WorkersPerToken int
 	// RateWorkers loops drive one token of their own above its rate.
 	RateWorkers int
+	// NodeWorkers loops per replica list the node's queues, on tokens of
+	// TokenInFlight loops each. The node rate is reached only while every
+	// replica has a call waiting at its share; each listing also spends
+	// its own database decisions (token, in-flight, rate) outside the
+	// gate, which take a second or more on a loaded machine, so
+	// TokenInFlight loops alone leave the gate idle and the rate unreached.
+	NodeWorkers int
 	// Pause is how long a loop waits after a refusal before it tries again.
 	Pause time.Duration
 	// Slack is added to the end of every request when false refusals are
@@ -103,7 +110,7 @@ func DefaultConfig() Config {
 		SQLConsoleCap: 2, PoolMaxConns: 16, SignInFailures: 3, SignInWindow: 10 * time.Minute, SignInStrict: true,
 		UploadsPerHour: 3, UploadWindow: 5 * time.Second, TokenInFlight: 2, NodeRate: 6,
 		APIRate: 20, APIBurst: 10,
-		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3, RateWorkers: 6,
+		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3, RateWorkers: 6, NodeWorkers: 4,
 		Pause: 50 * time.Millisecond, Slack: 25 * time.Millisecond, WarmupTimeout: 40 * time.Second,
 	}
 }
@@ -128,6 +135,7 @@ func (c *Config) validate() error {
 	atLeast("api-rate", c.APIRate, 1)
 	atLeast("api-burst", c.APIBurst, 1)
 	atLeast("rate-workers", c.RateWorkers, 1)
+	atLeast("node-workers", c.NodeWorkers, 1)
 	if c.Replicas > 16 {
 		errs = append(errs, errors.New("-replicas must be at most 16"))
 	}
@@ -289,6 +297,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		"-api-rate", strconv.Itoa(cfg.APIRate) + "/s",
 		"-api-burst", strconv.Itoa(cfg.APIBurst),
 		"-api-borrow=" + strconv.FormatBool(cfg.APIBorrow),
+		// Every client here is 127.0.0.1: the sign-in rounds would spend
+		// one client address's rate (-address-rate) and its failed
+		// sign-ins (-sign-in-address-failures), which the load check does
+		// not judge (the address throttle's burst and spray tests do).
+		"-address-rate", "0",
+		"-sign-in-address-failures", "0",
 		"-heartbeat", "500ms",
 	}
 	args = append(args, cfg.studioOverride...)
@@ -312,7 +326,11 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, err
 	}
 	fmt.Fprintf(cfg.Progress, "loadcheck: waiting until every replica takes its share of the node rate (%d/s of %d/s)\n", cfg.nodeShare(), cfg.NodeRate)
-	if err := lr.warmUp(ctx, tokens.node[0]); err != nil {
+	if err := lr.warmUp(ctx, tokens.node[0][0]); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(cfg.Progress, "loadcheck: opening every replica's pool (%d connections each)\n", cfg.PoolMaxConns)
+	if err := lr.warmPools(ctx); err != nil {
 		return nil, err
 	}
 
@@ -355,7 +373,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 type tokenSet struct {
 	console map[string][]labelled // per user
 	upload  map[string]labelled   // per user
-	node    []labelled            // per replica
+	node    [][]labelled          // per replica, each token TokenInFlight loops
 	rate    labelled              // the rate load's own
 }
 
@@ -383,12 +401,17 @@ func (lr *loadRun) tokens(ctx context.Context) (*tokenSet, error) {
 		}
 		ts.upload[u] = labelled{u + "-upload", u, tok}
 	}
+	perToken := lr.cfg.TokenInFlight
 	for i := range lr.procs {
-		tok, err := lr.signIn(ctx, "bob")
-		if err != nil {
-			return nil, err
+		var toks []labelled
+		for j := range (lr.cfg.NodeWorkers + perToken - 1) / perToken {
+			tok, err := lr.signIn(ctx, "bob")
+			if err != nil {
+				return nil, err
+			}
+			toks = append(toks, labelled{fmt.Sprintf("node-%d-t%d", i+1, j+1), "bob", tok})
 		}
-		ts.node = append(ts.node, labelled{fmt.Sprintf("node-%d", i+1), "bob", tok})
+		ts.node = append(ts.node, toks)
 	}
 	tok, err := lr.signIn(ctx, "alice") // an operator: GET /api/limits answers 200
 	if err != nil {
@@ -467,6 +490,65 @@ func (lr *loadRun) warmUp(ctx context.Context, tok labelled) error {
 	return nil
 }
 
+// warmPools sends every replica bursts of -pool-max-conns concurrent
+// sign-ins (wrong passwords for usernames of their own, which no judged
+// limit counts) until a burst is answered without a 503, at most for
+// WarmupTimeout. A replica's pool opens its connections as requests need
+// them: without this, the load's first second makes every pool open a
+// dozen at once, and on a loaded machine a decision that waits for a new
+// connection (a backend forked and authenticated, on Citus one more to a
+// worker on its first statement there) outlasts the service's 5 s bound:
+// a 503 of the start-up, not of the limits the check judges.
+func (lr *loadRun) warmPools(ctx context.Context) error {
+	deadline := time.Now().Add(lr.cfg.WarmupTimeout)
+	body := func(i int) []byte {
+		b, _ := json.Marshal(map[string]string{"username": fmt.Sprintf("lc-%s-warm-%d", lr.run, i), "password": "wrong"})
+		return b
+	}
+	n := 0
+	for round := 1; ; round++ {
+		var failed atomic.Int64
+		var wg sync.WaitGroup
+		for _, p := range lr.procs {
+			for range lr.cfg.PoolMaxConns {
+				n++
+				b := body(n)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/api/session", bytes.NewReader(b))
+					if err != nil {
+						failed.Add(1)
+						return
+					}
+					req.Header.Set("Content-Type", "application/json")
+					resp, err := lr.client.Do(req)
+					if err != nil {
+						failed.Add(1)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode >= 500 {
+						failed.Add(1)
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if failed.Load() == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the replicas still failed %d of %d sign-ins at once after %d rounds in %v", failed.Load(), len(lr.procs)*lr.cfg.PoolMaxConns, round, lr.cfg.WarmupTimeout)
+		}
+		fmt.Fprintf(lr.cfg.Progress, "loadcheck: round %d of the pools' warm-up: %d failed; again\n", round, failed.Load())
+	}
+}
+
 func (lr *loadRun) replica() *replicaset.Proc {
 	return lr.procs[int(lr.next.Add(1)-1)%len(lr.procs)]
 }
@@ -527,9 +609,10 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 			})
 		}
 	}
-	for i, tok := range ts.node {
+	for i, toks := range ts.node {
 		p := lr.procs[i]
-		for range lr.cfg.TokenInFlight {
+		for w := range lr.cfg.NodeWorkers {
+			tok := toks[w/lr.cfg.TokenInFlight]
 			loop(func() {
 				r := lr.doOn(ctx, p, record{kind: kindNode, user: tok.user, token: tok.label}, http.MethodGet, "/api/nodes/b1/queues", tok.token, "", nil)
 				if r.status == 200 {
@@ -793,14 +876,14 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	}
 	rep.Rows = append(rep.Rows, nodeRow)
 
-	// The rate per token, over every token of the load (the rate load's
-	// and every other's: the rate applies to each).
-	rateRow := Row{Limit: "api rate per token", Configured: fmt.Sprintf("%d/s, burst %d", c.APIRate, c.APIBurst),
+	// The rate per user, over every user of the load (the rate load's and
+	// every other's: the rate applies to each, all its tokens together).
+	rateRow := Row{Limit: "api rate per user", Configured: fmt.Sprintf("%d/s, burst %d", c.APIRate, c.APIBurst),
 		Cap: c.APIBurst, Requests: count(withToken)}
 	rateOver, where := rateExcess(recs, float64(c.APIRate))
 	rateRow.Highest = int(math.Ceil(rateOver))
 	rateRow.Refused, rateRow.FalseRefusals = judgeRate(recs, float64(c.APIRate), c.APIBurst, c.Slack)
-	rateRow.Note = fmt.Sprintf("highest = most requests one token had admitted in an interval, less %d/s × the interval (from the first one's send to the last one's answer)%s", c.APIRate, where)
+	rateRow.Note = fmt.Sprintf("highest = most requests one user had admitted in an interval, less %d/s × the interval (from the first one's send to the last one's answer)%s", c.APIRate, where)
 	if c.APIBorrow {
 		rateRow.Note = fmt.Sprintf("-api-borrow: %d refusals with room (units another replica held; reported, not judged); ", rateRow.FalseRefusals) + rateRow.Note
 		rateRow.FalseRefusals = -1

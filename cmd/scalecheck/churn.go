@@ -90,7 +90,7 @@ func (s Sample) Table(name string) (TableSample, bool) {
 // limitTables are the tables sampled: every table of pglimit's. The slots
 // of every kind are rows of pglimit.slot; slotKinds are its kinds, whose
 // live slots are sampled too.
-var limitTables = []string{"slot", "login_attempt", "api_request_window", "refusal_minute", "replica"}
+var limitTables = []string{"slot", "login_attempt", "api_request_window", "refusal_minute", "replica", "ban"}
 
 // slotKinds are the kinds of slot (the views of pglimit.slot).
 var slotKinds = []string{"heavy_permit", "request_in_flight", "upload_window"}
@@ -418,7 +418,7 @@ func (e *env) emptyTables(ctx context.Context) error {
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}
-	_, err := e.observer.Exec(ctx, "TRUNCATE pglimit.slot, pglimit.login_attempt, pglimit.api_request_window, pglimit.refusal_minute")
+	_, err := e.observer.Exec(ctx, "TRUNCATE pglimit.slot, pglimit.login_attempt, pglimit.api_request_window, pglimit.refusal_minute, pglimit.ban")
 	if err != nil {
 		return fmt.Errorf("emptying the limit tables before the churn: %w", err)
 	}

@@ -65,8 +65,9 @@ func TestConsoleCapsStopTheStatement(t *testing.T) {
 				t.Fatalf("bound %v with %d rows", m["bound"], len(rows))
 			}
 			// A behavioural bound, not a speed claim: the answer comes when
-			// the cap is reached, not at the 30 s time bound.
-			if took > 5*time.Second {
+			// the cap is reached, not at the 30 s time bound (15 s tells the
+			// two apart however loaded the machine).
+			if took > 15*time.Second {
 				t.Errorf("answered after %v; the time bound is 30s and the cap was reached at once", took)
 			}
 			gone := waitFor(t, 5*time.Second, "the statement gone from pg_stat_activity and the permits released", func() bool {

@@ -52,19 +52,21 @@ func TestConsole(t *testing.T) {
 	}
 
 	start := time.Now()
-	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT pg_sleep(10)"})
+	// Stopped at its bound (1 s), not run to its end (60 s): 30 s tells the
+	// two apart however loaded the machine.
+	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT pg_sleep(60)"})
 	m := r.problemOf(t, http.StatusServiceUnavailable, "heavy-request-timed-out")
 	if m["endpoint"] != "sql-console" || m["bound"] != "TIME" || m["limit"] != "1s" {
 		t.Errorf("timeout members: %v", m)
 	}
-	if took := time.Since(start); took > 5*time.Second {
+	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("a 1 s bound answered after %v", took)
 	}
 	// A statement that resets the timeout inside itself is still stopped.
 	start = time.Now()
-	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT set_config('statement_timeout', '0', true), pg_sleep(10)"})
+	r = call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT set_config('statement_timeout', '0', true), pg_sleep(60)"})
 	r.problemOf(t, http.StatusServiceUnavailable, "heavy-request-timed-out")
-	if took := time.Since(start); took > 5*time.Second {
+	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("set_config inside the statement escaped the bound: %v", took)
 	}
 }
@@ -122,7 +124,8 @@ func TestConsoleCapAcrossReplicas(t *testing.T) {
 }
 
 // TestConsoleCannotEscapeItsRole runs the service as a superuser on a
-// cluster of its own: the console still logs in as studio_console, so a
+// cluster of its own: the console still logs in as a console role (of the
+// user's own), so a
 // statement that switches back to its session user gains nothing, and
 // neither password hashes nor server files can be read.
 func TestConsoleCannotEscapeItsRole(t *testing.T) {
@@ -135,9 +138,15 @@ func TestConsoleCannotEscapeItsRole(t *testing.T) {
 	procs := studioOn(t, cluster.URL("app"), 1)
 	url := procs[0].URL + "/api/sql"
 
-	r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT session_user, current_user"})
-	if diff := cmp.Diff([]any{[]any{"studio_console", "studio_console"}}, r.json(t)["rows"]); diff != "" {
-		t.Fatalf("console session (-want +got):\n%s", diff)
+	// alice logs in as a console role of her own (issue 27).
+	r := call(t, http.MethodPost, url, "alice-token", map[string]string{"sql": "SELECT session_user::text, current_user::text"})
+	rows := r.rows(t)
+	if len(rows) != 1 {
+		t.Fatalf("console session: %s", r.Body)
+	}
+	who := as[[]any](t, rows[0], "row")
+	if user, _ := who[0].(string); !strings.HasPrefix(user, "studio_console_") || who[1] != user {
+		t.Fatalf("console session %v, want a studio_console_ role of alice's own", who)
 	}
 	for _, sql := range []string{
 		`SELECT set_config('role', session_user, true), query_to_xml('SELECT password_hash FROM app_user', true, false, '')`,

@@ -13,7 +13,8 @@ import (
 // server (roles are the whole cluster's: an administrator, or a superuser's
 // migration of another database, made it), and the service's own role may
 // not create roles. The migrations still give the role the history tables,
-// so the console, which logs in as studio_console, reads them.
+// so the console, which logs in as studio_console, reads them; the log says
+// that its users can see and end each other's statements.
 func TestConsoleRoleMadeByAnother(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.Cluster(t)
@@ -37,5 +38,10 @@ func TestConsoleRoleMadeByAnother(t *testing.T) {
 	row := as[[]any](t, rows[0], "row")
 	if row[0] != "studio_console" || as[float64](t, row[1], "count") < 100000 {
 		t.Fatalf("console as %v read %v audit events; want studio_console and the demo's 100,000", row[0], row[1])
+	}
+	// Without CREATEROLE the console users share that role, and the log
+	// says what that loses (issue 27).
+	if log := procs[0].Tail(1 << 20); !strings.Contains(log, "logs in as studio_console") || !strings.Contains(log, "cancel or terminate them") {
+		t.Errorf("no log line says the console users share one role:\n%s", log)
 	}
 }

@@ -53,7 +53,11 @@ func TestClientGoneIsNotAServerError(t *testing.T) {
 				done <- err
 			}()
 			waitFor(t, 10*time.Second, "the request waiting on the lock", func() bool {
-				return count(obs, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, tc.table) > 0
+				// This database's locks only: every test database is a
+				// clone of one template, so its tables have the same OIDs
+				// as every other test's on a shared server.
+				return count(obs, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, tc.table) > 0
 			})
 			cancel()
 			if err := <-done; err == nil {
@@ -184,7 +188,10 @@ func TestExportFailuresAreAudited(t *testing.T) {
 	// The export's read stops at its bound; then its audit.export event
 	// waits on the same lock, until the test lets it go.
 	waitFor(t, 10*time.Second, "the audit.export event waiting on the lock", func() bool {
-		return count(obs, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO audit_event%'`) > 0
+		// This database's sessions only: other tests on a shared server
+		// insert audit events too.
+		return count(obs, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO audit_event%'`) > 0
 	})
 	_ = tx.Rollback(ctx)
 	r := <-answer

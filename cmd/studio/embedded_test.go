@@ -93,7 +93,8 @@ func TestFlags(t *testing.T) {
 		"-addr", "-database-url", "-read-replica-url", "-replica-name", "-demo", "-pool-max-conns",
 		"-sql-console-cap", "-sql-console-time", "-sql-console-rows", "-export-cap", "-export-time", "-export-rows",
 		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-node", "-node-rate",
-		"-api-rate", "-api-burst", "-dry-run",
+		"-api-rate", "-api-burst", "-dry-run", "-ban-after", "-ban-within", "-ban-for",
+		"-api-quota", "-quota-timezone", "-export-rows-per-day", "-plugin-bytes-per-month",
 	} {
 		if !strings.Contains(string(out), "  "+name+" ") && !strings.Contains(string(out), "  "+name+"\n") {
 			t.Errorf("-h does not list %s", name)

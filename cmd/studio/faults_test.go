@@ -25,10 +25,15 @@ var internalText = []string{"dial tcp", "connection refused", "pgx", "pgconn", "
 	"context deadline", "context canceled", "goroutine", "panic", "127.0.0.1", "conn closed", "broken pipe"}
 
 // noInternalText fails t when r carries internal error text.
+//
+// The operator view lists the sign-in throttle of the tests' client
+// address, key "address:127.0.0.1", by design: that key is not the
+// database's address and is left out.
 func noInternalText(t *testing.T, what string, r *response) {
 	t.Helper()
+	body := strings.ReplaceAll(string(r.Body), `"address:127.0.0.1"`, `"address:client"`)
 	for _, frag := range internalText {
-		if strings.Contains(string(r.Body), frag) {
+		if strings.Contains(body, frag) {
 			t.Errorf("%s: %d body carries internal text %q: %s", what, r.Status, frag, r.Body)
 		}
 	}

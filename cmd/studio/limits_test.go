@@ -89,7 +89,7 @@ func TestUploadWindowAcrossReplicas(t *testing.T) {
 		t.Fatalf("empty plugin: %d %s", r.Status, r.Body)
 	}
 	for i := 0; i < 2; i++ {
-		r := upload(t, procs[i].URL, "carol-token", fmt.Sprintf("p%d.jar", i), []byte("plugin bytes"))
+		r := upload(t, procs[i].URL, "carol-token", fmt.Sprintf("p%d.jar", i), fmt.Appendf(nil, "plugin bytes %d", i)) // another content each: a content stored already is 409
 		if r.Status != http.StatusCreated {
 			t.Fatalf("upload %d: %d %s", i, r.Status, r.Body)
 		}
@@ -98,7 +98,7 @@ func TestUploadWindowAcrossReplicas(t *testing.T) {
 			t.Fatalf("upload answer %v", m)
 		}
 	}
-	r := upload(t, procs[2].URL, "carol-token", "p3.jar", []byte("plugin bytes"))
+	r := upload(t, procs[2].URL, "carol-token", "p3.jar", []byte("plugin bytes 3"))
 	m := r.problemOf(t, http.StatusTooManyRequests, "too-many-uploads")
 	ra, _ := strconv.Atoi(r.Header.Get("Retry-After"))
 	if ra < 3590 || ra > 3600 || m["limit"] != float64(2) || m["retryAfter"] != float64(ra) {

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -36,8 +37,8 @@ func TestLimitsPageInBrowser(t *testing.T) {
 			t.Fatalf("mallory's sign-in: %d, want %d", r.Status, want)
 		}
 	}
-	for range 2 {
-		if r := upload(t, base, "bob-token", "p.jar", []byte("plugin")); r.Status != http.StatusCreated {
+	for i := range 2 {
+		if r := upload(t, base, "bob-token", "p.jar", fmt.Appendf(nil, "plugin %d", i)); r.Status != http.StatusCreated {
 			t.Fatalf("bob's upload in dry run: %d %s", r.Status, r.Body)
 		}
 	}

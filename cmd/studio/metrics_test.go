@@ -38,7 +38,8 @@ var metricsFlags = []string{"-sql-console-cap", "1", "-export-cap", "1", "-histo
 	"-api-rate", "1/h", "-api-burst", "20"}
 
 // tokenID is the id the service counts a user's demo token by (its
-// in-flight and rate keys).
+// in-flight key; the rate's key is "user:" and the user's name, every token
+// of the user together).
 func tokenID(t *testing.T, pool *pgxpool.Pool, user string) string {
 	t.Helper()
 	var id int64
@@ -85,7 +86,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rate.AcquireN(ctx, tokenID(t, pool, "carol"), 20, nil); err != nil {
+	if _, err := rate.AcquireN(ctx, "user:carol", 20, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -112,7 +113,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 		expect(h.name+" alice", call(t, h.method, base+h.path, "alice-token", body), refused(http.StatusOK))
 	}
 	expect("upload 1", upload(t, base, "bob-token", "a.jar", []byte("plugin")), http.StatusCreated)
-	expect("upload 2", upload(t, base, "bob-token", "b.jar", []byte("plugin")), refused(http.StatusCreated))
+	expect("upload 2", upload(t, base, "bob-token", "b.jar", []byte("plugin b")), refused(http.StatusCreated))
 	signIn := func() *response {
 		return call(t, http.MethodPost, base+"/api/session", "", map[string]string{"username": "mallory", "password": "wrong"})
 	}
@@ -221,6 +222,10 @@ func TestMetricsCountEveryLimit(t *testing.T) {
 			want["uploads "+refused+" user"] = 1
 			want["sign-in granted user"] = 2
 			want["sign-in "+refused+" user"] = 1
+			// The three sign-ins meet their client address's throttle
+			// first: it grants all three (the third, refused by its
+			// username, gives the address's attempt back).
+			want["sign-in-address granted key"] = 3
 			// Every request with a token passes the rate first: bob's 6
 			// heavy, alice's 6, bob's 2 uploads, carol's, bob's last.
 			want["api granted key"] = 15
@@ -232,12 +237,16 @@ func TestMetricsCountEveryLimit(t *testing.T) {
 				want["in-flight granted token"] = 15
 			}
 			want["in-flight "+refused+" token"] = 1
+			// The three sign-ins have no token: they pass their client
+			// address's rate first.
+			want["address granted key"] = 3
 			if diff := cmp.Diff(want, sums(t, text, "pglimit_decisions_total", "limit", "outcome", "scope")); diff != "" {
 				t.Errorf("pglimit_decisions_total (-want +got):\n%s", diff)
 			}
 			// The database work of each decision: a claim or a check per
 			// decision (releases and records go on after the answer).
-			wantOps := map[string]int64{"sign-in check": 3, "uploads claim": 2, "api check": 16, "in-flight claim": want["in-flight granted token"] + 1}
+			wantOps := map[string]int64{"sign-in check": 3, "uploads claim": 2, "api check": 16, "in-flight claim": want["in-flight granted token"] + 1,
+				"address check": 3, "sign-in-address check": 3}
 			for _, h := range heavyNames {
 				wantOps[h.name+" claim"] = 2
 			}

@@ -3,11 +3,13 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,6 +93,9 @@ func TestAPIRateAcrossReplicas(t *testing.T) {
 			if m["limit"] != float64(10) || retry < 1 || a.r.Header.Get("Retry-After") == "" {
 				t.Errorf("refusal: %v Retry-After %q", m, a.r.Header.Get("Retry-After"))
 			}
+			if m["scope"] != "user" {
+				t.Errorf("refusal scope %v, want user", m["scope"])
+			}
 			if vs, _ := m["violated-policies"].([]any); len(vs) != 1 || vs[0] != "api" {
 				t.Errorf("violated-policies %v", m["violated-policies"])
 			}
@@ -111,9 +116,10 @@ func TestAPIRateAcrossReplicas(t *testing.T) {
 	if len(refusals) == 0 || len(admitted) <= burst {
 		t.Errorf("%d admitted, %d refused: the load did not reach the rate", len(admitted), len(refusals))
 	}
-	// The sign-in route is not rate limited and carries no rate headers.
+	// The sign-in route is not in the token's rate: it carries the
+	// client address's rate headers (policy "address"), not "api".
 	s := call(t, http.MethodPost, procs[0].URL+"/api/session", "", map[string]string{"username": "bob", "password": "studio"})
-	if s.Status != http.StatusOK || s.Header.Get("RateLimit") != "" {
+	if s.Status != http.StatusOK || !strings.HasPrefix(s.Header.Get("RateLimit"), `"address";`) {
 		t.Errorf("sign-in: %d, RateLimit %q", s.Status, s.Header.Get("RateLimit"))
 	}
 }
@@ -220,5 +226,83 @@ func TestAPIRateFlags(t *testing.T) {
 		if err == nil || len(out) == 0 {
 			t.Errorf("studio %v: %v %q; want an error that says why", args, err, out)
 		}
+	}
+}
+
+// TestAPIRatePerUser: the API rate is the user's, every token of the user
+// together (REFERENCE-SERVICE.md, -api-rate): alice signs in three more
+// times and spends her four tokens at once over two replicas (-api-rate
+// 10/s, -api-burst 5). Judged from the answers alone as in
+// TestAPIRateAcrossReplicas, her admitted requests over all her tokens
+// together never exceed burst + rate × the interval; a rate kept per token
+// admits about four times that.
+func TestAPIRatePerUser(t *testing.T) {
+	t.Parallel()
+	const (
+		rate  = 10.0 // per second
+		burst = 5
+	)
+	procs, _ := studio(t, 2, "-api-rate", "10/s", "-api-burst", "5", "-token-in-flight", "100")
+	tokens := []string{"alice-token"}
+	for i := range 3 {
+		r := call(t, http.MethodPost, procs[i%2].URL+"/api/session", "", map[string]string{"username": "alice", "password": "studio"})
+		if r.Status != http.StatusOK {
+			t.Fatalf("sign-in: %d %s", r.Status, r.Body)
+		}
+		tokens = append(tokens, as[string](t, r.json(t)["token"], "token"))
+	}
+	var (
+		mu      sync.Mutex
+		answers []rateAnswer
+		perTok  = map[string]int{}
+		wg      sync.WaitGroup
+	)
+	stop := time.Now().Add(3 * time.Second)
+	for i := range 8 {
+		token := tokens[i%len(tokens)]
+		wg.Go(func() {
+			for n := 0; time.Now().Before(stop); n++ {
+				start := time.Now()
+				r, err := send(context.Background(), http.MethodGet, procs[(i+n)%2].URL+"/api/limits", token, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				answers = append(answers, rateAnswer{start: start, end: time.Now(), r: r})
+				if r.Status == http.StatusOK {
+					perTok[token]++
+				}
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+
+	var admitted, refusals []rateAnswer
+	for _, a := range answers {
+		switch a.r.Status {
+		case http.StatusOK:
+			admitted = append(admitted, a)
+		case http.StatusTooManyRequests:
+			a.r.problemOf(t, http.StatusTooManyRequests, "too-many-requests")
+			refusals = append(refusals, a)
+		default:
+			t.Errorf("%d %s", a.r.Status, a.r.Body)
+		}
+	}
+	excess, where := rateExcess(admitted, rate)
+	falseRefused := falseRateRefusals(admitted, refusals, rate, burst)
+	t.Logf("%d requests over %d tokens, %d admitted (per token %v), %d refused (%d false); most admitted beyond the rate in one interval: %.2f (burst %d)%s",
+		len(answers), len(tokens), len(admitted), slices.Collect(maps.Values(perTok)), len(refusals), falseRefused, excess, burst, where)
+	if excess > burst {
+		t.Errorf("over-grant: %.2f admitted beyond the user's rate in one interval over all her tokens, more than the burst of %d%s", excess, burst, where)
+	}
+	if falseRefused > 0 {
+		t.Errorf("%d of %d refusals came while the user had room for the request", falseRefused, len(refusals))
+	}
+	if len(refusals) == 0 || len(admitted) <= burst {
+		t.Errorf("%d admitted, %d refused: the load did not reach the rate", len(admitted), len(refusals))
 	}
 }

@@ -12,7 +12,9 @@ import (
 // TestSignInResetAcrossReplicas: carol is locked out on both replicas (the
 // throttle refuses her right password); an operator clears her throttle on
 // one replica (DELETE /api/limits/sign-in/carol, 204) and she signs in on
-// the other within a second. A non-operator gets 403, a request a browser
+// the other long before her throttle would lapse (10 minutes): within a
+// second on a quiet machine (logged); the test allows 10 s, which the
+// notification takes on a loaded machine. A non-operator gets 403, a request a browser
 // marks as cross-site 403 problem+json, and the reset is an audit event
 // limits.reset. The operator page's button does the same.
 func TestSignInResetAcrossReplicas(t *testing.T) {
@@ -39,7 +41,7 @@ func TestSignInResetAcrossReplicas(t *testing.T) {
 				return
 			}
 			r.problemOf(t, http.StatusTooManyRequests, "too-many-failed-sign-ins")
-			if time.Since(start) > time.Second {
+			if time.Since(start) > 10*time.Second {
 				t.Fatalf("carol still refused on the other replica %v after the reset", time.Since(start))
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -93,15 +93,43 @@ const counterUpsertSQL = `INSERT INTO bench_counter AS c (key, n, at) VALUES ($1
 	ON CONFLICT (key) DO UPDATE SET n = c.n + 1, at = now()
 	RETURNING n, at`
 
+// counterLoggedUpsertSQL is counterUpsertSQL on the LOGGED
+// bench_counter_logged.
+const counterLoggedUpsertSQL = `INSERT INTO bench_counter_logged AS c (key, n, at) VALUES ($1, 1, now())
+	ON CONFLICT (key) DO UPDATE SET n = c.n + 1, at = now()
+	RETURNING n, at`
+
 // BuildCounter makes the UNLOGGED table bench_counter(key, n, at) of the
-// one-row upsert baseline, if it is not there.
+// one-row upsert baseline, and its LOGGED twin bench_counter_logged of
+// the transactional one, if they are not there.
 func BuildCounter(ctx context.Context, pool *pgxpool.Pool) error {
 	_, err := pool.Exec(ctx, `CREATE UNLOGGED TABLE IF NOT EXISTS bench_counter (
 		key text PRIMARY KEY, n bigint NOT NULL, at timestamptz NOT NULL)`)
 	if err != nil {
 		return fmt.Errorf("bench_counter: %w", err)
 	}
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_counter_logged (
+		key text PRIMARY KEY, n bigint NOT NULL, at timestamptz NOT NULL)`)
+	if err != nil {
+		return fmt.Errorf("bench_counter_logged: %w", err)
+	}
 	return nil
+}
+
+// upsertLoggedCounter runs the logged upsert for key in a transaction of
+// its own: BEGIN, the upsert, COMMIT.
+func upsertLoggedCounter(ctx context.Context, pool *pgxpool.Pool, key string) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	var n int64
+	var at time.Time
+	if err := tx.QueryRow(ctx, counterLoggedUpsertSQL, key).Scan(&n, &at); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // upsertCounter runs the one-row upsert for key.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"sync/atomic"
@@ -17,6 +18,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/access"
+	"github.com/pglimit/pglimit/ban"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
@@ -26,6 +29,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/nodelimit"
+	"github.com/pglimit/pglimit/quota"
 )
 
 // Kind says what a path is.
@@ -72,10 +76,25 @@ const (
 	// refusal answered from memory.
 	NameBorrowed   = "rate limit decision, borrowed"
 	NameFromMemory = "rate limit refusal, from memory"
+	// NameAccessMatch is a request matched against the allow and deny
+	// lists (package access) at AccessRules rules: no statement.
+	NameAccessMatch = "allow/deny list match, 10,000 rules"
+	// NameBanned is a banned key's refusal (package ban): from memory,
+	// before the rate is looked at.
+	NameBanned = "banned key refusal"
 	// NameStrictFailure and NameStrictSuccess are a failed and a
 	// successful sign-in in strict mode, the default.
 	NameStrictFailure = "failed sign-in, strict"
 	NameStrictSuccess = "successful sign-in, strict"
+	// NameUpsertTx is the floor of a charge that commits with the
+	// caller's write: BEGIN, one upsert of a LOGGED row, COMMIT.
+	NameUpsertTx = "one-row logged upsert in a transaction (floor)"
+	// NameQuota, NameQuotaSettle and NameQuotaTx are the calendar quota's
+	// charge, a charge settled after the fact, and a charge in the
+	// caller's transaction on the LOGGED ledger.
+	NameQuota       = "calendar quota charge"
+	NameQuotaSettle = "calendar quota charge+settle"
+	NameQuotaTx     = "quota charge in the caller's transaction"
 	// NameNode is the node limiter's path, the one limit path without a
 	// database round trip.
 	NameNode = "node limiter call"
@@ -105,7 +124,11 @@ type Suite struct {
 	rate    *ratelimit.Limiter
 	borrow  *ratelimit.Limiter
 	refuse  *ratelimit.Limiter
+	access  *access.Rules
+	banned  *ratelimit.Limiter
 	strict  *signin.Limiter
+	quota   *quota.Limiter
+	ledger  *quota.Limiter
 	node    *nodelimit.Node
 	nodes   *nodelimit.Limiter
 	sem     *semaphore.Weighted
@@ -188,6 +211,17 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	}); err != nil {
 		return nil, err
 	}
+	// Bans: a key refused once (one unit an hour) is banned for the hour.
+	bans, err := ban.New(pool, ban.Rule{After: 1, Within: time.Hour, For: time.Hour})
+	if err != nil {
+		return nil, err
+	}
+	if s.banned, err = ratelimit.New(pool, ratelimit.Options{
+		Name: "bench-ban", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Policies: []ratelimit.Policy{{Name: "hourly", Limit: 1, Window: time.Hour}}, Ban: bans,
+	}); err != nil {
+		return nil, err
+	}
 	// The invalidation bus, as pglimit.Run runs it: refusals are answered
 	// from memory only while it is live.
 	busCtx, stopBus := context.WithCancel(context.Background())
@@ -200,7 +234,16 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 			return nil, errors.New("bench: the invalidation bus did not turn live in 30s")
 		}
 	}
+	if s.access, err = accessRules(ctx, pool); err != nil {
+		return nil, err
+	}
 	s.sem = semaphore.NewWeighted(64)
+	if s.quota, err = quota.New(pool, quota.Options{Name: "bench", Limit: quota.MaxLimit, Period: quota.Month, Logger: quiet}); err != nil {
+		return nil, err
+	}
+	if s.ledger, err = quota.New(pool, quota.Options{Name: "bench", Limit: quota.MaxLimit, Period: quota.Month, Durable: true, Logger: quiet}); err != nil {
+		return nil, err
+	}
 	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
 		return nil, err
 	}
@@ -251,6 +294,11 @@ func (s *Suite) Baselines() []Path {
 			New: func(w int) (Op, error) {
 				key := "bench-" + s.run + "-" + strconv.Itoa(w)
 				return func(ctx context.Context) error { return upsertCounter(ctx, s.Pool, key) }, nil
+			}},
+		{Name: NameUpsertTx, Kind: Baseline, What: "BEGIN + INSERT ... ON CONFLICT DO UPDATE ... RETURNING bumping one LOGGED row of the loop's key + COMMIT: the floor of a charge that commits with the caller's write",
+			New: func(w int) (Op, error) {
+				key := "bench-" + s.run + "-" + strconv.Itoa(w)
+				return func(ctx context.Context) error { return upsertLoggedCounter(ctx, s.Pool, key) }, nil
 			}},
 		{Name: NameSemaphore, Kind: Baseline, What: "golang.org/x/sync/semaphore Acquire(1) + Release(1): one replica's in-memory cap",
 			New: func(int) (Op, error) {
@@ -401,6 +449,73 @@ func (s *Suite) Limits() []Path {
 					return err
 				}, nil
 			}},
+		{Name: NameQuota, Kind: Limit, What: "quota.Limiter.AcquireN of the loop's key, monthly, UNLOGGED: one INSERT ... ON CONFLICT DO UPDATE ... RETURNING (QuotaUsageCharge), the period computed on the database clock",
+			New: func(w int) (Op, error) {
+				key := user(w)
+				return func(ctx context.Context) error {
+					_, err := s.quota.AcquireN(ctx, key, 1)
+					return err
+				}, nil
+			}},
+		{Name: NameQuotaSettle, Kind: Limit, What: "quota.Limiter.AcquireN of an estimate + Permit.Settle of the actual cost (one UPDATE by primary key)",
+			New: func(w int) (Op, error) {
+				key := user(w)
+				return func(ctx context.Context) error {
+					p, err := s.quota.AcquireN(ctx, key, 1)
+					if err != nil {
+						return err
+					}
+					return p.Settle(ctx, 3)
+				}, nil
+			}},
+		{Name: NameQuotaTx, Kind: Limit, What: "BEGIN + quota.Limiter.ChargeTx on the LOGGED pglimit.quota_ledger + COMMIT: the charge that commits with the caller's write",
+			New: func(w int) (Op, error) {
+				key := user(w)
+				return func(ctx context.Context) error {
+					tx, err := s.Pool.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+					if _, err := s.ledger.ChargeTx(ctx, tx, key, 1); err != nil {
+						return err
+					}
+					return tx.Commit(ctx)
+				}, nil
+			}},
+		{Name: NameAccessMatch, Kind: Limit, What: "access.Rules.Match over 10,000 rules (4,000 IPv4 and 4,000 IPv6 prefixes, nested, and 2,000 keys): in turn an IPv4 hit and miss, an IPv6 hit and miss, and two keys; no statement",
+			New: func(int) (Op, error) {
+				i := 0
+				return func(context.Context) error {
+					q := accessQueries[i%len(accessQueries)]
+					i++
+					if got := s.access.Match(q.addr, q.keys...); got != q.want {
+						return fmt.Errorf("bench: Match(%v, %q) = %v, want %v", q.addr, q.keys, got, q.want)
+					}
+					return nil
+				}, nil
+			}},
+		{Name: NameBanned, Kind: Limit, What: "ratelimit.Limiter.Acquire of the loop's key, banned for the hour (ratelimit.Options.Ban, ban.Bans.Banned): answered from memory before the rate is looked at, whether or not the bus is live",
+			New: func(w int) (Op, error) {
+				key := "ban-" + user(w)
+				// The key's one unit, then its first refusal, which bans it.
+				_, _ = s.banned.Acquire(context.Background(), key)
+				_, err := s.banned.Acquire(context.Background(), key)
+				var le *ratelimit.LimitError
+				if !errors.As(err, &le) || !le.Banned {
+					return nil, fmt.Errorf("bench: the key's first refusal did not ban it: %v", err)
+				}
+				return func(ctx context.Context) error {
+					_, err := s.banned.Acquire(ctx, key)
+					if errors.As(err, &le) && le.Banned {
+						return nil
+					}
+					if err == nil {
+						return errors.New("bench: a banned key was admitted")
+					}
+					return err
+				}, nil
+			}},
 		{Name: NameNode, Kind: Limit, What: "nodelimit Node.Wait with rate.Inf: the limiter's own cost per broker call (no database)",
 			New: func(int) (Op, error) {
 				return func(ctx context.Context) error { return s.node.Wait(ctx, nodelimit.KindRead) }, nil
@@ -508,4 +623,49 @@ func depthName(d int) string {
 		return strconv.Itoa(d/1_000) + "k"
 	}
 	return strconv.Itoa(d)
+}
+
+// accessQueries are the access path's requests, in turn.
+var accessQueries = []struct {
+	addr netip.Addr
+	keys []string
+	want access.List
+}{
+	{netip.MustParseAddr("10.0.7.200"), nil, access.Deny},
+	{netip.MustParseAddr("192.0.2.1"), nil, access.None},
+	{netip.MustParseAddr("2001:db8:0:7:abcd::9"), nil, access.Deny},
+	{netip.MustParseAddr("2001:db9::1"), nil, access.None},
+	{netip.MustParseAddr("192.0.2.1"), []string{"token:7", "user:bench-rule-6"}, access.Allow},
+}
+
+// accessRules writes the access path's 10,000 rules (in place of any
+// written by an earlier run) and loads them.
+func accessRules(ctx context.Context, pool *pgxpool.Pool) (*access.Rules, error) {
+	// SQL in Go: a fixture of 10,000 rules written in one statement each
+	// family (access.Rules.Add writes one rule per transaction).
+	if _, err := pool.Exec(ctx, `
+		DELETE FROM pglimit.access_rule WHERE match LIKE 'user:bench-rule-%' OR match LIKE '10.0.%' OR match LIKE '172.%.0.0/16'
+		                                   OR match LIKE '2001:db8:%';
+		INSERT INTO pglimit.access_rule (list, match)
+		SELECT CASE WHEN i % 2 = 0 THEN 'allow' ELSE 'deny' END,
+		       CASE i % 3
+		           WHEN 0 THEN format('10.%s.%s.%s', i / 65536 % 256, i / 256 % 256, i % 256)
+		           WHEN 1 THEN format('10.%s.%s.0/24', i / 256 % 256, i % 256)
+		           ELSE format('172.%s.0.0/16', 16 + i % 16)
+		       END
+		FROM generate_series(0, 3999) AS i;
+		INSERT INTO pglimit.access_rule (list, match)
+		SELECT CASE WHEN i % 2 = 0 THEN 'allow' ELSE 'deny' END,
+		       CASE i % 3
+		           WHEN 0 THEN format('2001:db8:%s:%s::1', to_hex(i / 4096), to_hex(i % 4096))
+		           WHEN 1 THEN format('2001:db8:%s:%s::/64', to_hex(i / 4096), to_hex(i % 4096))
+		           ELSE format('2001:db8:%s::/48', to_hex(i))
+		       END
+		FROM generate_series(0, 3999) AS i;
+		INSERT INTO pglimit.access_rule (list, match)
+		SELECT CASE WHEN i % 2 = 0 THEN 'allow' ELSE 'deny' END, format('user:bench-rule-%s', i)
+		FROM generate_series(0, 1999) AS i;`); err != nil {
+		return nil, fmt.Errorf("bench: access rules: %w", err)
+	}
+	return access.New(ctx, pool, access.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }

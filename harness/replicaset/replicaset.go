@@ -306,6 +306,17 @@ func (p *Proc) Running() bool {
 	}
 }
 
+// PID is the process id of the replica's current process, 0 before it
+// started (a test reads its memory under /proc).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Tail returns the last n bytes of the replica's log.
 func (p *Proc) Tail(n int64) string { return p.readLog(0, n) }
 

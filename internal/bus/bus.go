@@ -5,18 +5,52 @@
 // them only while it would hear a write that undoes one: an operator's
 // reset, a successful sign-in that clears a username's failures, a
 // reservation given back. Those writes send a notification on the channel
-// "pglimit" right after the statement that makes them (pg_notify, delivered at
-// commit), and every replica's Bus hands it to the caches of its topic.
+// "pglimit" right after the statement that makes them (BusNotify, a
+// pg_notify delivered at commit), and every replica's Bus hands it to the
+// caches of its topic.
 //
 // A Bus is one per pool (For), listens on a connection of its own (not one
 // of the pool's: a pool's Close waits for its connections) while Run runs
 // — pglimit.Run runs it — and is Live only while that connection is up and
 // has just carried a notification of its own (a ping, sent when the bus
-// has been silent for PingEvery): a connection that broke, a proxy that
-// does not pass notifications (PgBouncer in transaction pooling) makes it
-// not Live, and caches then answer nothing from memory. Each time it turns
-// Live its Epoch changes, so what a cache remembered before, while it may
-// have missed a notification, is not used again.
+// has been silent for PingEvery, and heard back within PingWait, sending
+// included): a connection that broke, one that went silent without
+// closing (a peer or route gone: Live turns false within PingEvery +
+// PingWait, 6 s, not when TCP gives up; TestSilentDropIsNotLive), a proxy
+// that does not pass notifications (PgBouncer in transaction pooling)
+// makes it not Live, and caches then answer nothing from memory. Each time
+// it turns Live its Epoch changes, so what a cache remembered before, while
+// it may have missed a notification, is not used again.
+//
+// # Authenticated notifications
+//
+// Any role that may connect to the database may NOTIFY on the channel and
+// LISTEN to it. So every notification is authenticated (sql/queries/bus.sql,
+// migration 00008): its payload is "<seq> <at> <tag>", a newline, then the
+// message, where seq is the next number of pglimit.bus_seq, at the
+// database's clock (µs), and tag the HMAC-SHA256 of both and the message
+// under the 64-byte random key in pglimit.bus_key, which only pglimit's
+// owner may read. The statement that sends it computes the tag, with the
+// built-in sha256(), so writers hold no secret; a Bus reads the key when
+// it connects. It drops a notification whose tag is wrong (a forgery:
+// another role cannot make one), whose number it heard already (a replay
+// of what another role overheard), or whose time is more than 30 s behind
+// the latest it heard or the database's clock when it connected (a replay
+// of an older one to a replica that connected since); its own ping is
+// such a notification too, with a random nonce, so no other role can keep
+// a dead bus Live (TestForgedAndReplayedAreDropped, TestVerifierRefuses).
+// What a notification costs: on the writer, still one statement (the
+// key's one-row read, a nextval and two sha256 over a few hundred bytes
+// within it); on each reader, no statement (one key read per connection)
+// and one HMAC. A forged one costs a reader a parse and at most one HMAC
+// over at most 8,000 bytes (PostgreSQL's payload bound), and no statement,
+// whatever their number. Another role still sees the topics and keys of
+// the invalidations (a username whose failures were cleared, a reset
+// rate-limit key), and may flood the server's notification queue, which
+// delays every listener of the database: PostgreSQL has no grant for
+// channels. The alternative, a notification that only says "look" and
+// invalidations read from a pglimit table, would hide them at the cost of
+// a statement per invalidation on every replica, and of a table to sweep.
 package bus
 
 import (
@@ -24,6 +58,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"runtime"
@@ -35,6 +70,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglimit/pglimit/db"
 )
 
 // Channel is the notification channel of every pglimit invalidation.
@@ -47,6 +84,16 @@ const (
 	TopicSignIn = "signin"
 	// TopicRate prefixes a rate limiter's name: "rate/" + name.
 	TopicRate = "rate/"
+	// TopicOverride is package override's limits as data; a key is
+	// policy + "/" + key, and the whole topic reloads every override.
+	TopicOverride = "override"
+	// TopicAccess is the allow and deny lists' access_rule (package
+	// access), sent alone: every replica reloads the lists.
+	TopicAccess = "access"
+	// TopicBan is package ban's pglimit.ban: a key banned (its message
+	// the ban's end on the database clock, in µs since 1970, a space and
+	// the key) or lifted ("-", a space and the key).
+	TopicBan = "ban"
 	// topicPing is the bus's own liveness check.
 	topicPing = "ping"
 )
@@ -60,6 +107,8 @@ var (
 	PingWait = 5 * time.Second
 	// retryMax bounds the wait between two connection attempts.
 	retryMax = 30 * time.Second
+	// connectWait bounds a connection attempt and its setup.
+	connectWait = 10 * time.Second
 )
 
 // Bus is the invalidation bus of one pool. It is safe for concurrent use.
@@ -233,25 +282,37 @@ func Run(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 // listen holds one connection until it fails or ctx ends.
 func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 	cfg := pool.Config().ConnConfig.Copy()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// Connecting and setting up (LISTEN, the key, the session) share one
+	// bound: a connection that goes silent meanwhile fails it.
+	cctx, cancel := context.WithTimeout(ctx, connectWait)
+	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
-	cancel()
 	if err != nil {
 		return err
 	}
 	defer func() {
+		// Not Live from now on, before a close that may take its time.
+		b.setLive(false)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+	// SQL in Go: LISTEN takes no parameters and names a channel, which
+	// sqlc cannot express; the other statements are sqlc's (bus.sql).
+	if _, err := conn.Exec(cctx, "LISTEN "+Channel); err != nil {
 		return err
 	}
+	q := db.New()
+	k, err := q.BusKey(cctx, conn)
+	if err != nil {
+		return fmt.Errorf("bus: reading pglimit.bus_key: %w", err)
+	}
+	v := newVerifier(k.Key, k.NowUs)
 	var (
 		session int32
 		port    *int32
 	)
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), inet_client_port()").Scan(&session, &port); err != nil {
+	if err := conn.QueryRow(cctx, "SELECT pg_backend_pid(), inet_client_port()").Scan(&session, &port); err != nil {
 		return err
 	}
 	if proxied(conn, port) {
@@ -259,47 +320,17 @@ func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 		// port): a pooler that hands this session to other clients
 		// between transactions would hand a new connection the session
 		// this one just used.
-		if err := probe(ctx, cfg, session); err != nil {
+		if err := probe(cctx, cfg, session); err != nil {
 			return err
 		}
 	}
-	// SQL in Go: LISTEN and pg_notify on the bus's own connection are not
-	// queries of a table, and sqlc's generated methods run on a DBTX, which
-	// a bare *pgx.Conn is; but LISTEN takes no parameters and sqlc cannot
-	// express it, so both statements stay here, beside the loop that needs
-	// them.
+	cancel()
 	for ctx.Err() == nil {
-		nonce := newNonce()
-		var pid int32
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_notify($1, $2)) AS n",
-			Channel, topicPing+"\n"+nonce).Scan(&pid); err != nil {
+		// The ping, sent and heard back within PingWait: a connection
+		// that went silent (a peer gone without a word) fails here, not
+		// when TCP gives up.
+		if err := b.ping(ctx, conn, q, v, session); err != nil || ctx.Err() != nil {
 			return err
-		}
-		if pid != session {
-			// The connection's statements run in different server
-			// sessions: a transaction pooler between (PgBouncer in
-			// transaction pooling), which does not keep a LISTEN.
-			return errPooled
-		}
-		deadline := time.Now().Add(PingWait)
-		heard := false
-		for !heard {
-			wctx, cancel := context.WithDeadline(ctx, deadline)
-			n, err := conn.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return errors.New("bus: ping not heard back within " + PingWait.String())
-			}
-			if n.Payload == topicPing+"\n"+nonce {
-				heard = true
-				continue
-			}
-			if !strings.HasPrefix(n.Payload, topicPing+"\n") {
-				b.deliver(n.Payload)
-			}
 		}
 		if !b.Live() {
 			b.fresh.Store(true)
@@ -319,12 +350,51 @@ func (b *Bus) listen(ctx context.Context, pool *pgxpool.Pool) error {
 				}
 				return err
 			}
-			if !strings.HasPrefix(n.Payload, topicPing+"\n") {
-				b.deliver(n.Payload)
+			if msg, ok := v.open(n.Payload); ok && !strings.HasPrefix(msg, topicPing+"\n") {
+				b.deliver(msg)
 			}
 		}
 	}
 	return nil
+}
+
+// ping sends the bus's own notification on conn and waits for it, all
+// within PingWait, delivering what arrives meanwhile. It returns nil when
+// ctx ends.
+func (b *Bus) ping(ctx context.Context, conn *pgx.Conn, q *db.Queries, v *verifier, session int32) error {
+	pctx, cancel := context.WithTimeout(ctx, PingWait)
+	defer cancel()
+	nonce := topicPing + "\n" + newNonce()
+	pid, err := q.BusPing(pctx, conn, nonce)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("bus: ping: %w", err)
+	}
+	if pid != session {
+		// The connection's statements run in different server
+		// sessions: a transaction pooler between (PgBouncer in
+		// transaction pooling), which does not keep a LISTEN.
+		return errPooled
+	}
+	for {
+		n, err := conn.WaitForNotification(pctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return errors.New("bus: ping not heard back within " + PingWait.String())
+		}
+		msg, ok := v.open(n.Payload)
+		switch {
+		case !ok: // forged, replayed or stale: dropped
+		case msg == nonce:
+			return nil
+		case !strings.HasPrefix(msg, topicPing+"\n"):
+			b.deliver(msg)
+		}
+	}
 }
 
 // proxied reports whether the server saw a client port other than the

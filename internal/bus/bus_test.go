@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/harness/pgbouncer"
 	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
@@ -39,7 +40,8 @@ func TestDeliversAndComesBack(t *testing.T) {
 	defer sub.Close()
 	ctx := context.Background()
 	seq := sub.Seq()
-	if _, err := pool.Exec(ctx, "SELECT pg_notify('pglimit', 'test' || chr(10) || 'a key')"); err != nil {
+	q := db.New()
+	if err := q.BusNotify(ctx, pool, "test\na key"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -53,7 +55,10 @@ func TestDeliversAndComesBack(t *testing.T) {
 	if sub.Seq() == seq {
 		t.Error("Seq did not move on a delivery")
 	}
-	if _, err := pool.Exec(ctx, "SELECT pg_notify('pglimit', 'test'), pg_notify('pglimit', 'other' || chr(10) || 'k')"); err != nil {
+	if err := q.BusNotify(ctx, pool, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.BusNotify(ctx, pool, "other\nk"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -63,8 +68,15 @@ func TestDeliversAndComesBack(t *testing.T) {
 	}
 
 	epoch := b.Epoch()
-	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_notify($1, $2)%' AND pid <> pg_backend_pid()"); err != nil {
+	// Only this test's database (each test has its own): the server may
+	// be shared with other tests whose buses ping the same way.
+	var terminated int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%BusPing%'`).Scan(&terminated); err != nil {
 		t.Fatal(err)
+	}
+	if terminated != 1 {
+		t.Fatalf("terminated %d backends of the bus, want 1", terminated)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for b.Epoch() == epoch || !b.Live() {

@@ -42,15 +42,24 @@ func IsCanceled(ctx context.Context, err error) bool {
 const RecoveryConflict = "40001"
 
 // IsRecoveryConflict reports whether a read replica canceled the statement
-// because it conflicted with recovery: the read may succeed on the primary.
+// because it conflicted with recovery (40001, or 40P01 for a buffer-pin
+// deadlock): the read may succeed on the primary.
 func IsRecoveryConflict(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == RecoveryConflict && strings.Contains(pg.Message, "conflict with recovery")
+	return errors.As(err, &pg) && (pg.Code == RecoveryConflict || pg.Code == "40P01") && strings.Contains(pg.Message, "conflict with recovery")
 }
 
-// IsUnavailable reports whether err says the database could not be reached
-// or went away: a failed connect, a broken connection, a server shutting
-// down or starting up, or too many connections.
+// ReadOnly is SQLSTATE 25006, read_only_sql_transaction: what a primary
+// demoted during a failover (now a standby, or set read-only) answers a
+// write. A limit's decision is a write: it cannot be made there now, and
+// the promoted primary will make it.
+const ReadOnly = "25006"
+
+// IsUnavailable reports whether err says the database cannot decide now:
+// a failed connect, a broken connection, a server shutting down or
+// starting up, too many connections, a read-only primary (25006: a
+// failover), or a transaction the database rolled back to retry
+// (40001 serialization failure, 40P01 deadlock).
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -71,8 +80,10 @@ func IsUnavailable(err error) bool {
 			return pg.Code != QueryCanceled
 		case "53": // insufficient resources: too many connections, out of memory
 			return true
+		case "40": // transaction rollback: serialization failure, deadlock; a retry decides
+			return pg.Code == "40001" || pg.Code == "40P01"
 		}
-		return false
+		return pg.Code == ReadOnly
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) {

@@ -48,3 +48,19 @@ func IsConnectError(err error) bool {
 	var c *pgconn.ConnectError
 	return errors.As(err, &c)
 }
+
+// LockNotAvailable is SQLSTATE 55P03: lock_timeout passed, or NOWAIT found
+// the lock taken.
+const LockNotAvailable = "55P03"
+
+// LockTimeout returns err marked as the limiter's own Timeout (unavailable,
+// as pglimit.Classify tells it) when it is SQLSTATE 55P03: a statement of
+// the limiter's that sets lock_timeout from its Timeout could not have its
+// turn in time. Any other err is returned as it is.
+func LockTimeout(err error) error {
+	var pg *pgconn.PgError
+	if err == nil || IsOwnTimeout(err) || !errors.As(err, &pg) || pg.Code != LockNotAvailable {
+		return err
+	}
+	return &ownTimeout{err: err}
+}

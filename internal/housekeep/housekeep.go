@@ -46,7 +46,7 @@ const MetricDeleted = "pglimit.housekeeping.deleted"
 
 // Tables are the limit tables swept, in the order they are swept (the
 // slot tables first, in one statement).
-var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute"}
+var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban"}
 
 // Options configure a Housekeeper. The zero value is ready to use.
 type Options struct {
@@ -212,6 +212,26 @@ var sweepers = []sweeper{
 	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
 		n, err := q.RefusalMinuteDeleteLapsed(ctx, tx, batch)
 		return map[string]int64{"refusal_minute": n}, err
+	},
+	// The calendar quotas' tables stay on the Citus coordinator: batches
+	// everywhere.
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
+		n, err := q.QuotaUsageDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"quota_usage": n}, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
+		n, err := q.QuotaLedgerDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"quota_ledger": n}, err
+	},
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+		var n int64
+		var err error
+		if onShards {
+			n, err = q.BanDeleteLapsedAll(ctx, tx)
+		} else {
+			n, err = q.BanDeleteLapsed(ctx, tx, batch)
+		}
+		return map[string]int64{"ban": n}, err
 	},
 }
 

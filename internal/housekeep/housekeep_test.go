@@ -81,6 +81,20 @@ func fill(t testing.TB, pool *pgxpool.Pool, lapsed, live int) {
 			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
 			t.Fatal(err)
 		}
+		for _, table := range []string{"quota_usage", "quota_ledger"} {
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`
+				INSERT INTO pglimit.%s (name, key, period_start, period_end, used, allowed, decided_at)
+				SELECT 'q', '%s-' || g, now() - interval '1 day', %s, 1, true, now() - interval '2 hours'
+				FROM generate_series(1, $1) AS g`, table, kind, exp), n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO pglimit.ban (key, refusals, first_at, last_at, until, banned_at, expires_at)
+			SELECT '%s-' || g, 0, now() - interval '2 hours', now() - interval '2 hours', %s, now() - interval '2 hours', %s
+			FROM generate_series(1, $1) AS g`, kind, exp, exp), n); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -97,6 +111,9 @@ func keys(t testing.TB, pool *pgxpool.Pool) map[string][]string {
 		"replica":            `SELECT name FROM pglimit.replica`,
 		"api_request_window": `SELECT key FROM pglimit.api_request_window`,
 		"refusal_minute":     `SELECT name FROM pglimit.refusal_minute`,
+		"quota_usage":        `SELECT key FROM pglimit.quota_usage`,
+		"quota_ledger":       `SELECT key FROM pglimit.quota_ledger`,
+		"ban":                `SELECT key FROM pglimit.ban`,
 	} {
 		rows, err := pool.Query(context.Background(), from)
 		if err != nil {
@@ -232,7 +249,7 @@ func (tr *deleteTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 }
 
 // TestBatchesAreBounded: with a batch of 10 and 35 lapsed rows in every
-// table, login_attempt, replica, api_request_window and refusal_minute are swept by
+// table, login_attempt, replica, api_request_window, refusal_minute and ban are swept by
 // statements deleting 10, 10, 10 and 5 rows, and the three slot tables
 // (105 rows, one statement on their parent) by 11 statements.
 func TestBatchesAreBounded(t *testing.T) {
@@ -258,7 +275,7 @@ func TestBatchesAreBounded(t *testing.T) {
 		t.Fatalf("result (-want +got):\n%s", diff)
 	}
 	want := map[string][]int64{}
-	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed", "RefusalMinuteDeleteLapsed"} {
+	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed", "RefusalMinuteDeleteLapsed", "QuotaUsageDeleteLapsed", "QuotaLedgerDeleteLapsed", "BanDeleteLapsed"} {
 		want[name] = []int64{10, 10, 10, 5}
 	}
 	slots := tr.deletes["SlotDeleteLapsed"]
@@ -410,7 +427,7 @@ func logDeletes(t testing.TB, pool *pgxpool.Pool) {
 		`CREATE TABLE public.delete_log (xid xid8 NOT NULL DEFAULT pg_current_xact_id(), at timestamptz NOT NULL DEFAULT clock_timestamp())`,
 		`CREATE FUNCTION public.log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.delete_log DEFAULT VALUES; RETURN NULL; END $$`,
 	}
-	for _, table := range []string{"slot", "login_attempt", "replica", "api_request_window", "refusal_minute"} {
+	for _, table := range []string{"slot", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban"} {
 		for _, when := range []string{"BEFORE", "AFTER"} {
 			stmts = append(stmts, fmt.Sprintf(`CREATE TRIGGER log_delete_%s %s DELETE ON pglimit.%s FOR EACH STATEMENT EXECUTE FUNCTION public.log_delete()`,
 				strings.ToLower(when), when, table))

@@ -30,7 +30,8 @@ import (
 // Metric names.
 const (
 	// MetricDecisions counts decisions, with the attributes limit (the
-	// limiter's Name), outcome (Granted, Refused, DryRunRefused, Error)
+	// limiter's Name), outcome (Granted, Refused, DryRunRefused, Error,
+	// Exempt, Banned)
 	// and scope (the kind of scope: user, installation, token, key).
 	MetricDecisions = "pglimit.decisions"
 	// MetricDuration is a histogram of the database work of decisions, in
@@ -48,6 +49,12 @@ const (
 	Refused       = "refused"
 	DryRunRefused = "dry-run-refused"
 	Error         = "error"
+	// Exempt is a request an allow list let past the limit uncounted
+	// (package access): neither granted nor refused.
+	Exempt = "exempt"
+	// Banned is a request refused because its key is banned (package
+	// ban), answered from memory.
+	Banned = "banned"
 )
 
 // Kinds of database work (the attribute op of MetricDuration).
@@ -134,10 +141,10 @@ func New(o Options) (*Limit, error) {
 		return nil, fmt.Errorf("observe: %s: %w", MetricDuration, err)
 	}
 	for _, scope := range o.Scopes {
-		for _, outcome := range []string{Granted, Refused, DryRunRefused, Error} {
+		for _, outcome := range []string{Granted, Refused, DryRunRefused, Error, Exempt} {
 			l.outcomes[outcomeScope{outcome, scope}] = []metric.AddOption{l.outcomeOption(outcome, scope)}
 		}
-		for _, outcome := range []string{Granted, Refused} {
+		for _, outcome := range []string{Granted, Refused, Banned} {
 			l.memory[outcomeScope{outcome, scope}] = []metric.AddOption{l.outcomeOption(outcome, scope, attribute.String("source", SourceMemory))}
 		}
 	}
@@ -187,6 +194,16 @@ func (l *Limit) RefusedFromMemory(ctx context.Context, scope string) {
 	l.decisions.Add(ctx, 1, l.memory[outcomeScope{Refused, scope}]...)
 }
 
+// BannedFromMemory counts a request refused because its key is banned
+// (outcome banned, source "memory") and adds it to the installation's
+// refusals of this minute.
+func (l *Limit) BannedFromMemory(ctx context.Context, scope string) {
+	if l.refusals != nil {
+		l.refusals.add()
+	}
+	l.decisions.Add(ctx, 1, l.memory[outcomeScope{Banned, scope}]...)
+}
+
 // Name is the limit's name.
 func (l *Limit) Name() string { return l.name }
 
@@ -221,6 +238,10 @@ func (l *Limit) count(ctx context.Context, outcome, scope string) {
 	}
 	l.decisions.Add(ctx, 1, opts...)
 }
+
+// Exempted counts a request the limit let through uncounted because an
+// allow list exempts it (outcome exempt): no statement, no refusal.
+func (l *Limit) Exempted(ctx context.Context, scope string) { l.count(ctx, Exempt, scope) }
 
 // Granted counts a granted decision in scope.
 func (l *Limit) Granted(ctx context.Context, scope string) { l.count(ctx, Granted, scope) }

@@ -28,6 +28,8 @@ func TestDatabaseNeverLeaksErrorText(t *testing.T) {
 		slug   string
 	}{
 		{&pgconn.PgError{Code: "57P01", Message: "secret-shutdown-text"}, http.StatusServiceUnavailable, "database-unavailable"},
+		{&pgconn.PgError{Code: "25006", Message: "secret-read-only-text"}, http.StatusServiceUnavailable, "database-unavailable"},
+		{&pgconn.PgError{Code: "40P01", Message: "secret-deadlock-text"}, http.StatusServiceUnavailable, "database-unavailable"},
 		{errors.New("conn closed secret-text"), http.StatusServiceUnavailable, "database-unavailable"},
 		{fmt.Errorf("query: %w", context.DeadlineExceeded), http.StatusServiceUnavailable, "database-unavailable"},
 		{&pgconn.PgError{Code: "23505", Message: "secret-constraint-text"}, http.StatusInternalServerError, "internal-error"},

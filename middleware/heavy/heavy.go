@@ -296,6 +296,11 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	return &Permit{bounds: l.bounds(), refusal: le}, nil
 }
 
+// Bounds are the bounds of the endpoint (its Deadline zero): what a front
+// other than Handler (a gRPC interceptor) runs an unidentified call under,
+// as Handler does, with NewContext(ctx, l.Bounds()).
+func (l *Limiter) Bounds() Bounds { return l.bounds() }
+
 func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.core.Name, Time: l.time, Rows: l.rows} }
 
 // Handler serves next as the heavy endpoint: it claims the permits, runs

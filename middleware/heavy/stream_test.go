@@ -202,7 +202,7 @@ func TestStreamStopsTheStatement(t *testing.T) {
 			}
 			var active int
 			if err := obs.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-				WHERE state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&active); err != nil {
+				WHERE datname = current_database() AND state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&active); err != nil {
 				t.Fatal(err)
 			}
 			if active != 0 {

@@ -18,8 +18,5 @@ var Scope = scopeOf
 // Limit is the number of requests a token may have in flight.
 func (l *Limiter) Limit() int { return l.limit }
 
-// MaxDuration is the longest a request may run.
-func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
-
 // Name is the limit's name.
 func (l *Limiter) Name() string { return l.core.Name }

@@ -236,6 +236,11 @@ func (p *Permit) Release(ctx context.Context) error {
 // process.
 func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 
+// MaxDuration is the longest a request may run (Options.MaxDuration): a
+// front other than Handler (a gRPC interceptor) ends the work's context
+// then, as Handler does.
+func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
+
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
 // returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
 // requests in flight — in dry run a Permit without a slot instead, whose

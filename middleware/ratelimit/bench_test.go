@@ -11,3 +11,10 @@ import (
 // one-row upsert and redis_rate Allow measured in the same run (see
 // bench.Package).
 func BenchmarkRateLimit(b *testing.B) { bench.Package(b, bench.NameRateLimit, bench.NameRateLimit2) }
+
+// BenchmarkBannedRefusal measures a banned key's refusal (Options.Ban:
+// from memory, before the rate) beside the rate's own refusal from memory
+// and the floors, at 1 and 16 clients.
+func BenchmarkBannedRefusal(b *testing.B) {
+	bench.Package(b, bench.NameFromMemory, bench.NameBanned)
+}

@@ -14,8 +14,12 @@ import (
 	"github.com/pglimit/pglimit/problem"
 )
 
-// slugTooMany is the problem type slug of a refused request.
-const slugTooMany = "too-many-requests"
+// slugTooMany is the problem type slug of a refused request, slugBanned
+// that of a banned key's.
+const (
+	slugTooMany = "too-many-requests"
+	slugBanned  = "banned"
+)
 
 // LimitError is a refused request.
 type LimitError struct {
@@ -40,9 +44,16 @@ type LimitError struct {
 	// At is when the decision was made, on the database clock (zero when
 	// no round trip was made).
 	At time.Time
+	// Banned is true when the key is banned (Options.Ban): refused
+	// without a statement until RetryAfter from now, whatever it spends;
+	// Violated, Limit and Policies are then empty.
+	Banned bool
 }
 
 func (e *LimitError) Error() string {
+	if e.Banned {
+		return fmt.Sprintf("ratelimit: %s: the key is banned; retry in %v", e.Name, e.RetryAfter)
+	}
 	if e.RetryAfter == 0 {
 		return fmt.Sprintf("ratelimit: %s: a request of cost %d can never pass policies %s (above their burst)",
 			e.Name, e.Cost, strings.Join(e.Violated, ", "))
@@ -67,12 +78,24 @@ func isUnavailable(err error) bool {
 	return c == pglimit.ClassUnavailable || c == pglimit.ClassTimeout
 }
 
+// writeBanned writes a banned key's refusal (e.Banned): 429 banned with
+// Retry-After and the member retryAfter (seconds, rounded up).
+func writeBanned(w http.ResponseWriter, r *http.Request, e *LimitError) {
+	retry := retryafter.Seconds(e.RetryAfter)
+	problem.Write(w, &problem.Details{
+		Slug: slugBanned, Title: "Banned", Status: http.StatusTooManyRequests, Instance: r.URL.Path,
+		Detail:     fmt.Sprintf("Too many requests were refused; this client is refused for %d s.", retry),
+		RetryAfter: time.Duration(retry) * time.Second, Extensions: map[string]any{"retryAfter": retry},
+	})
+}
+
 // WriteError is the default Options.OnError. A *LimitError is 429
 // too-many-requests with Retry-After (none when the request can never
 // pass), the RateLimit headers and the members limit, retryAfter
-// (seconds) and violated-policies; a database that cannot be reached or
-// did not answer in time (pglimit.Classify) is 503 database-unavailable
-// with Retry-After; a client that went away gets nothing; anything else is
+// (seconds) and violated-policies; a banned key's (Banned) is 429 banned
+// with Retry-After and the member retryAfter; a database that cannot be
+// reached or did not answer in time (pglimit.Classify) is 503
+// database-unavailable with Retry-After; a client that went away gets nothing; anything else is
 // 500 internal-error, without the error's text. It logs nothing: the
 // Limiter logs incidents, once each.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
@@ -85,6 +108,10 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+	if e.Banned {
+		writeBanned(w, r, e)
+		return
+	}
 	setHeaders(w.Header(), e.Policies)
 	ext := map[string]any{"limit": e.Limit, "violated-policies": e.Violated}
 	d := &problem.Details{

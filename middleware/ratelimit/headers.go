@@ -3,8 +3,9 @@ package ratelimit
 import (
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
+
+	"github.com/pglimit/pglimit/internal/sfv"
 )
 
 // Header names of draft-ietf-httpapi-ratelimit-headers-11.
@@ -48,23 +49,8 @@ func setHeaders(h http.Header, states []PolicyState) {
 	h.Add(headerRateLimit, limit.String())
 }
 
-// writeString writes s as an sf-string (RFC 9651 section 4.1.6). Policy
-// names are checked to need no escape; the escape is here for the rule.
-func writeString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-}
+// writeString writes s as an sf-string (internal/sfv).
+func writeString(b *strings.Builder, s string) { sfv.String(b, s) }
 
-// writeParam writes ;key=n, n an sf-integer.
-func writeParam(b *strings.Builder, key string, n int64) {
-	b.WriteByte(';')
-	b.WriteString(key)
-	b.WriteByte('=')
-	b.WriteString(strconv.FormatInt(n, 10))
-}
+// writeParam writes ;key=n, n an sf-integer (internal/sfv).
+func writeParam(b *strings.Builder, key string, n int64) { sfv.Param(b, key, n) }

@@ -82,6 +82,17 @@
 // pglimit.decisions with source "memory". Keys decided less often, keys
 // under several policies and dry run decide in the database per request.
 //
+// # Bans
+//
+// With Options.Ban, every refusal by the rate (not one of a request that
+// can never pass) is counted toward its key's ban (package ban, under
+// Options.BanKey's key), and a key refused Rule.After times within
+// Rule.Within is banned for Rule.For on every replica: refused before any
+// statement, from memory, with a *LimitError whose Banned is true (429
+// banned with Retry-After and retryAfter), counted in pglimit.decisions
+// with outcome "banned" and source "memory". The refusal that bans is
+// answered as banned already. Dry run neither counts nor refuses.
+//
 // # Failures
 //
 // When the database cannot be reached or does not answer within Timeout,
@@ -111,6 +122,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pglimit/pglimit/ban"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/citus"
@@ -150,6 +162,12 @@ type Options struct {
 	// (500, logged) with an error matching ErrInvalidPolicy. Default: none
 	// (Policies for every request).
 	PolicyFunc func(r *http.Request, key string) []Policy
+	// Exempt, when set, lets a request for which it returns true through
+	// uncounted, spending nothing, without headers and without a
+	// statement, counted in pglimit.decisions with outcome "exempt": the
+	// allow list's exemption (middleware/rules.Allowed). It runs before
+	// Key. Default: none is exempt.
+	Exempt func(*http.Request) bool
 	// Cost returns the units a request spends (at least 0; 0 reads the
 	// state without spending). A request costing more than a policy's
 	// Burst can never pass it and is refused without a database round
@@ -184,6 +202,17 @@ type Options struct {
 	// several policies, and dry run, decide in the database per request.
 	// Default false: every admission is a statement.
 	Borrow bool
+	// Ban, when set, bans keys this limiter refuses too often (package
+	// ban): every refusal of a key is counted toward its ban, and a
+	// banned key is refused before any statement, from memory, with a
+	// *LimitError whose Banned is true (429 banned), until its ban ends or
+	// an operator lifts it. Dry run neither counts nor refuses. Default
+	// nil: no bans.
+	Ban *ban.Bans
+	// BanKey gives the key a refusal is counted and a ban is kept under,
+	// from the limiter's key (so that several limiters and key kinds share
+	// one Bans without meeting: "address:" + key). Default: the key.
+	BanKey func(key string) string
 	// OnError writes every response the middleware writes itself: a
 	// refusal (*LimitError), a database that cannot be reached or timed
 	// out, an invalid policy. Default WriteError.
@@ -204,6 +233,7 @@ type Limiter struct {
 	q          *db.Queries
 	name       string
 	key        func(*http.Request) (string, bool)
+	exempt     func(*http.Request) bool
 	policies   []Policy
 	policyFunc func(*http.Request, string) []Policy
 	cost       func(*http.Request) int
@@ -220,6 +250,9 @@ type Limiter struct {
 	sub    *bus.Subscription
 	memory *memo.Table[*refusal]
 	borrow *borrower
+	// bans is Options.Ban (nil: none), banKey Options.BanKey.
+	bans   *ban.Bans
+	banKey func(string) string
 	// generalOnly makes every decision use APIRequestWindowDecide (tests
 	// compare the two statements).
 	generalOnly bool
@@ -276,10 +309,14 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{
-		pool: pool, q: db.New(), name: opts.Name, key: opts.Key,
+		pool: pool, q: db.New(), name: opts.Name, key: opts.Key, exempt: opts.Exempt,
 		policies: slices.Clone(opts.Policies), policyFunc: opts.PolicyFunc, cost: opts.Cost,
 		failOpen: opts.FailOpen, timeout: opts.Timeout,
 		onError: opts.OnError, log: opts.Logger, obs: obs, incidents: incidents,
+		bans: opts.Ban, banKey: opts.BanKey,
+	}
+	if l.banKey == nil {
+		l.banKey = func(k string) string { return k }
 	}
 	l.incident.init(l)
 	b := bus.For(pool)
@@ -339,6 +376,12 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	}
 	return nil
 }
+
+// FailOpen reports Options.FailOpen: whether a front lets a request
+// through, uncounted, when AcquireN fails because the database cannot be
+// reached or did not answer in time (Handler does; a gRPC interceptor
+// reads it to do the same).
+func (l *Limiter) FailOpen() bool { return l.failOpen }
 
 // PolicyState is one policy of a decision and the key's state in it.
 type PolicyState struct {
@@ -410,11 +453,17 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	if len(policies) == 0 {
 		return nil, policyError("no policies: Options.Policies is empty")
 	}
+	dryRun := l.obs.DryRun()
+	if l.bans != nil && !dryRun {
+		if until, banned := l.bans.Banned(ctx, l.banKey(key)); banned {
+			l.obs.BannedFromMemory(ctx, scopeKey)
+			return nil, &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: cost}
+		}
+	}
 	if never := exceedsBurst(policies, cost); never != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
 	}
 	stored := keys.Stored(key)
-	dryRun := l.obs.DryRun()
 	now := time.Now()
 	if !dryRun {
 		le, gate := l.recall(stored, cost, policies, now)
@@ -429,7 +478,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 		}
 		if le != nil {
 			l.obs.RefusedFromMemory(ctx, scopeKey)
-			return nil, le
+			return nil, l.toward(ctx, key, le)
 		}
 	}
 	if l.borrow != nil && len(policies) == 1 && cost > 0 {
@@ -542,9 +591,28 @@ var errInvalidCost = errors.New("ratelimit: negative cost")
 // a Permit that carries it.
 func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Permit, error) {
 	if !l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter) {
-		return nil, e
+		return nil, l.toward(ctx, key, e)
 	}
 	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, refusal: e}, nil
+}
+
+// toward counts a refusal of key by the rate (not one of a request that
+// can never pass) toward key's ban, with Options.Ban. When it bans the key
+// the request is answered as banned; a count that fails is logged and the
+// refusal stands.
+func (l *Limiter) toward(ctx context.Context, key string, e *LimitError) error {
+	if l.bans == nil || e.RetryAfter <= 0 || e.Banned {
+		return e
+	}
+	until, banned, err := l.bans.Refused(ctx, l.banKey(key))
+	if err != nil {
+		l.errLog.Log(ctx, l.log, slog.LevelWarn, "ratelimit: a refusal was not counted toward its key's ban", "limit", l.name, "err", err)
+		return e
+	}
+	if !banned {
+		return e
+	}
+	return &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: e.Cost}
 }
 
 // exceedsBurst names the policies whose Burst is below cost: a request of
@@ -720,9 +788,15 @@ func names(ps []Policy) []string {
 // Handler limits the rate of requests to next. A request whose key or
 // policies are none passes uncounted; an admitted one passes with the
 // RateLimit headers; a refused one gets OnError's answer (429 by
-// default). When the decision fails, FailOpen says what happens.
+// default). When the decision fails, FailOpen says what happens. A
+// request Options.Exempt exempts passes uncounted, without headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.exempt != nil && l.exempt(r) {
+			l.obs.Exempted(r.Context(), scopeKey)
+			next.ServeHTTP(w, r)
+			return
+		}
 		key, ok := l.key(r)
 		if !ok || key == "" {
 			next.ServeHTTP(w, r)

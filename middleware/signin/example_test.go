@@ -114,3 +114,46 @@ func ExampleLimiter_Acquire() {
 	// checked
 	// refused: true
 }
+
+// Two keys: failed sign-ins per client address over every username
+// (password spraying) around failed sign-ins per username. The address is
+// asked first; a refusal names its scope.
+func Example_twoKeys() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	byUsername, err := signin.New(pool, signin.Options{Limit: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Behind a proxy, give Key: "address:" + a clientaddr.Resolver's key.
+	byAddress, err := signin.New(pool, signin.Options{Scope: "address", Limit: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	wrongPassword := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "invalid credentials", http.StatusUnauthorized)
+	})
+	handler := byAddress.Handler(byUsername.Handler(wrongPassword))
+
+	for _, username := range []string{"ann", "ben", "cat"} {
+		req := httptest.NewRequest(http.MethodPost, "/api/session",
+			strings.NewReader(`{"username":"`+username+`","password":"Spring2026"}`))
+		req.RemoteAddr = "203.0.113.5:41000"
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		var p struct{ Scope string }
+		_ = json.Unmarshal(rec.Body.Bytes(), &p)
+		fmt.Println(strings.TrimSpace(fmt.Sprint(rec.Code, " ", p.Scope)))
+	}
+	// Output:
+	// 401
+	// 401
+	// 429 address
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/text/unicode/norm"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/internal/respond"
 )
 
@@ -55,6 +57,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			}
 			l.onError(w, r, err)
 			return
+		}
+		if outer, ok := FromContext(r.Context()); ok {
+			// A Limiter's Handler wraps this one (an address's around a
+			// username's): what next reports here is reported there too.
+			p.outer = outer
 		}
 		ow := &outcomeWriter{ResponseWriter: w, l: l, p: p, r: r}
 		defer func() {
@@ -184,6 +191,45 @@ func usernameKey(r *http.Request) (key string, ok bool) {
 	return "username:" + u, true
 }
 
+// addressKey is the default key function of Scope "address": "address:"
+// followed by the peer's address as package clientaddr keys it with no
+// trusted proxy (an IPv6 address stands for its /64; "unknown" for a peer
+// that is not an IP address), of a request whose body usernameKey reads a
+// username from (ok false otherwise: the Handler answers 400 and writes
+// nothing). It never reads a forwarded header.
+func addressKey(r *http.Request) (key string, ok bool) {
+	if _, ok := usernameKey(r); !ok {
+		return "", false
+	}
+	if k := peerAddrs.Key(r.RemoteAddr, nil); k != "" {
+		return "address:" + k, true
+	}
+	return "address:unknown", true
+}
+
+// peerAddrs keys the peer's address as the default address key does.
+var peerAddrs, _ = clientaddr.New(clientaddr.Options{})
+
+// addressOf is the key of an address an operator gives Reset: an
+// address ("192.0.2.1", "2001:db8::1"), an IPv6 prefix as the key shows
+// it ("2001:db8:1:2::/64"), or a key ("address:192.0.2.1"), keyed as
+// addressKey keys a peer; "" for anything else.
+func addressOf(s string) string {
+	s = strings.TrimPrefix(strings.TrimSpace(s), "address:")
+	if s == "unknown" {
+		return s
+	}
+	if p, err := netip.ParsePrefix(s); err == nil {
+		if !p.Addr().Is6() || p.Addr().Is4In6() {
+			return "" // an IPv4 client is one address, never a range
+		}
+		s = p.Masked().Addr().String()
+	} else if a, err := netip.ParseAddr(s); err != nil || a.Zone() != "" {
+		return ""
+	}
+	return peerAddrs.Key(s, nil)
+}
+
 func usernameOf(r *http.Request) (string, error) {
 	if r.Body == nil {
 		return "", errNoKey
@@ -213,11 +259,20 @@ func usernameOf(r *http.Request) (string, error) {
 	return "", errNoKey
 }
 
+// jsonUsername reads the username of a body that is one JSON object and
+// nothing more: anything after the object (a second object, garbage) is
+// no key, as json.Unmarshal in a handler would refuse it. Other members
+// are not looked at: the default key cannot know the handler's schema
+// (Options.Key is where an adopter gives its own, stricter parse).
 func jsonUsername(body io.Reader) (string, error) {
 	var v struct {
 		Username *string `json:"username"`
 	}
-	if err := json.NewDecoder(body).Decode(&v); err != nil || v.Username == nil {
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(&v); err != nil || v.Username == nil {
+		return "", errNoKey
+	}
+	if _, err := dec.Token(); err != io.EOF {
 		return "", errNoKey
 	}
 	return *v.Username, nil

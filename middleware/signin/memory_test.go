@@ -109,8 +109,11 @@ func TestThrottledKeyAnsweredFromMemory(t *testing.T) {
 
 // TestResetLetsInEveryReplica: a username throttled on two replicas (each
 // refusing it from memory) is reset by an operator on one; the other lets
-// it sign in again within a second. A success on one replica of an
-// attempt let through before the throttle does the same.
+// it sign in again long before the throttle would lapse (an hour): within
+// a second on a quiet machine (logged); the test allows 10 s, which a
+// notification delayed by a loaded machine takes, and a refusal kept until
+// it lapses never meets. A success on one replica of an attempt let
+// through before the throttle does the same.
 func TestResetLetsInEveryReplica(t *testing.T) {
 	t.Parallel()
 	_, _, ls, _ := replicas(t, 2, signin.Options{Limit: 2, Window: time.Hour})
@@ -127,7 +130,7 @@ func TestResetLetsInEveryReplica(t *testing.T) {
 			if !errors.Is(err, pglimit.ErrLimited) {
 				t.Fatal(err)
 			}
-			if time.Since(start) > time.Second {
+			if time.Since(start) > 10*time.Second {
 				t.Fatalf("%s: the other replica still refuses %v after", key, time.Since(start))
 			}
 			time.Sleep(5 * time.Millisecond)

@@ -16,6 +16,26 @@
 // X-Forwarded-For, and a key function of the application's own can add
 // other identities.
 //
+// # Two keys: the username and the client address
+//
+// A throttle per username never slows password spraying: one password
+// tried against many usernames from one client. A second Limiter with
+// Options.Scope "address" counts failed sign-ins per client address over
+// every username; wrap it around the username's:
+//
+//	byAddress, err := signin.New(pool, signin.Options{Scope: "address", Limit: 20})
+//	mux.Handle("POST /login", byAddress.Handler(byUsername.Handler(login)))
+//
+// The address is checked (and, strict, reserved) first: a sign-in it
+// refuses never reaches the username's throttle, and a sign-in the
+// username's throttle refuses gives the address's attempt back. A refusal
+// names its scope (LimitError.Scope, the problem member scope: "username"
+// or "address"). A successful sign-in clears its username's failures but
+// not its address's (it gives back only its own attempt): otherwise an
+// attacker with one account of its own could reset its address's count by
+// signing in to it between sprays. Both are strict under a parallel burst
+// and hold across replicas; Reset clears either.
+//
 // # Strict by default
 //
 // Password guessing is parallel by nature, so the throttle reserves each
@@ -33,7 +53,10 @@
 // A sign-in costs one write, the reservation; a failed one nothing more
 // (the reservation counted it); a success clears the key (one delete), and
 // a request that turns out not to be an attempt gives the reservation back
-// (LoginAttemptUnreserve). So the ADR's "a sign-in costs a read" becomes a
+// (LoginAttemptUnreserve, and LoginAttemptDeleteEmpty when that leaves the
+// key no failure). With Scope "address" a success gives its reservation
+// back too: an address's successful sign-in costs a write and the give
+// back. So the ADR's "a sign-in costs a read" becomes a
 // write and a delete for a successful sign-in in strict mode: BENCHMARKS.md
 // measures it; sign-ins are rare beside API requests. Lenient: a read
 // (LoginAttemptGet), an upsert for a failure (LoginAttemptRecordFailure), a
@@ -141,6 +164,7 @@ const (
 // Defaults of Options.
 const (
 	defaultName               = "sign-in"
+	defaultAddressName        = "sign-in-address"
 	defaultLimit              = 5
 	defaultWindow             = 15 * time.Minute
 	defaultMaxBodyBytes int64 = 64 << 10
@@ -149,14 +173,39 @@ const (
 
 // Options configure a Limiter. The zero value is ready to use.
 type Options struct {
-	// Name is the limit's name, in log lines. Default "sign-in".
+	// Name is the limit's name, in log lines. Default "sign-in", or
+	// "sign-in-address" when Scope is "address".
 	Name string
+	// Scope is what the key counts: "username" (the failures of one
+	// username; a successful sign-in clears them) or "address" (the
+	// failures of one client address over every username, against
+	// password spraying; a successful sign-in gives back its own attempt
+	// and clears nothing else). It is the scope a refusal names
+	// (LimitError.Scope). Wrap an "address" Limiter around a "username"
+	// one (see the package documentation). Default "username".
+	Scope string
 	// Key returns the client key of a sign-in request. It is given a copy of
 	// the request whose body it may read (the handler gets the body again
 	// from the start). ok false, or an empty key, refuses the request 400
-	// (see Unidentified requests). Default: the username of a JSON object
-	// or form body, normalised (NormalizeUsername), prefixed "username:",
-	// which keys on the username alone and never on X-Forwarded-For.
+	// (see Unidentified requests) before anything is written. Key should
+	// refuse every body the handler refuses without judging a password
+	// (unknown members, a missing password, wrong types, trailing data):
+	// a body Key accepts is reserved, and a strict Limiter's reservation,
+	// given back when the handler answers neither 2xx nor 401, leaves its
+	// row until the window lapses — so a Key laxer than the handler lets
+	// anyone write throttle rows without a password check. Give Key the
+	// handler's own parse. Default: the username of a body that is one
+	// JSON object and nothing after it, or a form, normalised
+	// (NormalizeUsername), prefixed "username:", which keys on the
+	// username alone and never on X-Forwarded-For; it does not look at
+	// the other members, which it cannot know. With Scope "address" the
+	// default is the peer's address (the request's RemoteAddr as package
+	// clientaddr keys it: an IPv6 address stands for its /64) prefixed
+	// "address:" ("address:unknown" for a peer that is not an IP
+	// address), of a request whose body the username key can read (ok
+	// false otherwise); it never reads a forwarded header, so behind a
+	// proxy give a Key that asks a clientaddr.Resolver told which proxies
+	// to trust.
 	Key func(*http.Request) (key string, ok bool)
 	// Limit is how many failed sign-ins a key may have in one window
 	// (1..pglimit.MaxLimit); once it has that many, every sign-in of the key
@@ -206,24 +255,39 @@ type Options struct {
 	DryRun bool
 }
 
-// scopeUser is the kind of scope of every decision (attribute scope): the
-// key is a username, by default.
-const scopeUser = "user"
+// The scopes of Options.Scope and LimitError.Scope.
+const (
+	scopeUsername = "username"
+	scopeAddress  = "address"
+)
+
+// The kinds of scope of the decisions (attribute scope of the metrics): a
+// username's are a user's, an address's a key's (as the address rate of
+// middleware/ratelimit counts them).
+const (
+	scopeUser = "user"
+	scopeKey  = "key"
+)
 
 // Limiter is the failed sign-in throttle. It is safe for concurrent use.
 type Limiter struct {
-	pool    *pgxpool.Pool
-	q       *db.Queries
-	name    string
-	max     int
-	window  time.Duration
-	key     func(*http.Request) (string, bool)
-	maxBody int64
-	strict  bool
-	timeout time.Duration
-	onError func(http.ResponseWriter, *http.Request, error)
-	log     *slog.Logger
-	obs     *observe.Limit
+	pool  *pgxpool.Pool
+	q     *db.Queries
+	name  string
+	scope string // Options.Scope
+	kind  string // the kind of scope of its decisions (scopeUser, scopeKey)
+	// keepOnSuccess: a success gives back its own attempt and clears
+	// nothing (Scope "address").
+	keepOnSuccess bool
+	max           int
+	window        time.Duration
+	key           func(*http.Request) (string, bool)
+	maxBody       int64
+	strict        bool
+	timeout       time.Duration
+	onError       func(http.ResponseWriter, *http.Request, error)
+	log           *slog.Logger
+	obs           *observe.Limit
 	// defaultKey: Options.Key was left to the default (Reset normalises).
 	defaultKey bool
 	// memory answers throttled keys until their windows end.
@@ -239,8 +303,20 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if pool == nil {
 		return nil, errors.New("signin: nil pool")
 	}
+	kind := scopeUser
+	switch opts.Scope {
+	case "", scopeUsername:
+		opts.Scope = scopeUsername
+	case scopeAddress:
+		kind = scopeKey
+	default:
+		return nil, fmt.Errorf("signin: Scope %q: want %q or %q", opts.Scope, scopeUsername, scopeAddress)
+	}
 	if opts.Name == "" {
 		opts.Name = defaultName
+		if opts.Scope == scopeAddress {
+			opts.Name = defaultAddressName
+		}
 	}
 	if opts.Limit == 0 {
 		opts.Limit = defaultLimit
@@ -269,6 +345,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	defaultKey := opts.Key == nil
 	if defaultKey {
 		opts.Key = usernameKey
+		if opts.Scope == scopeAddress {
+			opts.Key = addressKey
+		}
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
@@ -276,13 +355,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeUser}, DryRun: opts.DryRun,
+	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{kind}, DryRun: opts.DryRun,
 		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
 	if err != nil {
 		return nil, fmt.Errorf("signin: %w", err)
 	}
 	l := &Limiter{
-		pool: pool, q: db.New(), name: opts.Name, max: opts.Limit, window: opts.Window, key: opts.Key,
+		pool: pool, q: db.New(), name: opts.Name, scope: opts.Scope, kind: kind, keepOnSuccess: opts.Scope == scopeAddress, max: opts.Limit, window: opts.Window, key: opts.Key,
 		maxBody: opts.MaxBodyBytes, strict: !opts.Lenient, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
 		obs: obs, defaultKey: defaultKey,
 	}
@@ -318,6 +397,9 @@ var ErrNotRecorded = errors.New("signin: the failed sign-in could not be recorde
 type LimitError struct {
 	// Name is the limit's name (Options.Name).
 	Name string
+	// Scope is what refused (Options.Scope): "username" (the username's
+	// failures) or "address" (the client address's, over every username).
+	Scope string
 	// Limit is the number of failures that throttles a key.
 	Limit int
 	// Failures is the key's failures in its window.
@@ -333,7 +415,15 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("signin: %d failed sign-ins (limit %d); retry in %v", e.Failures, e.Limit, e.RetryAfter)
+	return fmt.Sprintf("signin: %d failed sign-ins of the %s (limit %d); retry in %v", e.Failures, e.scopeName(), e.Limit, e.RetryAfter)
+}
+
+// scopeName is Scope, "username" when it is empty.
+func (e *LimitError) scopeName() string {
+	if e.Scope == "" {
+		return scopeUsername
+	}
+	return e.Scope
 }
 
 // Is reports whether target is pglimit.ErrLimited.
@@ -358,6 +448,10 @@ type Permit struct {
 	prior    int32       // live failures the read saw (normal mode, and a dry-run refusal)
 	reserved bool        // the attempt was reserved (strict mode)
 	refusal  *LimitError // dry run: the refusal the attempt would have had
+	// outer is the Permit of the Limiter wrapped around this one's
+	// Handler (an address's around a username's): an outcome reported
+	// here is reported there too.
+	outer *Permit
 
 	mu  sync.Mutex
 	out outcome
@@ -391,7 +485,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 			le, _ = l.recall(key)
 		}
 		if le != nil {
-			l.obs.RefusedFromMemory(ctx, scopeUser)
+			l.obs.RefusedFromMemory(ctx, l.kind)
 			return nil, le
 		}
 	}
@@ -412,17 +506,17 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 			// (retry_ms is rounded up: less a millisecond).
 			l.memory.Remember(key, start.Add(le.window-time.Millisecond), int32(le.Failures), seq)
 		}
-		if !l.obs.Refused(ctx, scopeUser, key, "failures", le.Failures) {
+		if !l.obs.Refused(ctx, l.kind, key, "failures", le.Failures) {
 			return nil, err
 		}
 		// Dry run: the attempt goes on unreserved; a failure is recorded
 		// and a success clears the key, as for any other.
 		return &Permit{l: l, key: key, prior: int32(le.Failures), refusal: le}, nil
 	case err != nil:
-		l.obs.Failed(ctx, scopeUser, err)
+		l.obs.Failed(ctx, l.kind, err)
 		return nil, err
 	}
-	l.obs.Granted(ctx, scopeUser)
+	l.obs.Granted(ctx, l.kind)
 	return p, nil
 }
 
@@ -434,7 +528,7 @@ func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
 	if !ok {
 		return nil, gate
 	}
-	return &LimitError{Name: l.name, Limit: l.max, Failures: int(failures),
+	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: int(failures),
 		RetryAfter: max(time.Second, until.Sub(now))}, gate
 }
 
@@ -442,15 +536,16 @@ func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
 // login_attempt goes, and every replica forgets the key's refusal within
 // about a second (a notification sent after the delete). key is what
 // Options.Key returns; for the default key, the username as the client
-// typed it (Reset normalises it as the default key does). It returns the
-// failures the key had. For an operator who lets a locked-out user in.
+// typed it (Reset normalises it as the default key does), or with Scope
+// "address" the address (or the IPv6 prefix the key shows,
+// "2001:db8:1:2::/64"; Reset keys it as the default key does). It returns
+// the failures the key had. For an operator who lets a locked-out user,
+// or a client address, in.
 func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	if l.defaultKey {
-		u := NormalizeUsername(key)
-		if u == "" {
+		if key = l.defaultKeyOf(key); key == "" {
 			return 0, errNoKey
 		}
-		key = "username:" + u
 	}
 	if key == "" {
 		return 0, errNoKey
@@ -470,6 +565,22 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 		n += int(f)
 	}
 	return n, nil
+}
+
+// defaultKeyOf is the default key of what an operator gives Reset: a
+// username, or with Scope "address" an address or IPv6 prefix; "" for
+// anything else.
+func (l *Limiter) defaultKeyOf(s string) string {
+	if l.scope != scopeAddress {
+		if u := NormalizeUsername(s); u != "" {
+			return "username:" + u
+		}
+		return ""
+	}
+	if k := addressOf(s); k != "" {
+		return "address:" + k
+	}
+	return ""
 }
 
 // notify tells every replica to forget what it remembers of key
@@ -512,7 +623,7 @@ func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
 }
 
 func (l *Limiter) limitError(failures int32, retryMs int64) *LimitError {
-	return &LimitError{Name: l.name, Limit: l.max, Failures: int(failures),
+	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: int(failures),
 		RetryAfter: max(time.Second, time.Duration(retryMs)*time.Millisecond), window: max(0, time.Duration(retryMs)*time.Millisecond)}
 }
 
@@ -583,6 +694,10 @@ func (p *Permit) Fail(ctx context.Context) error {
 	if p == nil || !p.decide(failed) {
 		return nil
 	}
+	return errors.Join(p.fail(ctx), p.outer.Fail(ctx))
+}
+
+func (p *Permit) fail(ctx context.Context) error {
 	if p.reserved {
 		return nil
 	}
@@ -599,12 +714,21 @@ func (p *Permit) Fail(ctx context.Context) error {
 }
 
 // Succeed clears the key's failures after a successful sign-in: one delete
-// when there were failures (or a reservation), nothing otherwise. An error
-// leaves the failures counted (the safe direction); the sign-in itself has
-// succeeded.
+// when there were failures (or a reservation), nothing otherwise. With
+// Scope "address" it clears nothing: it gives back the attempt's own
+// reservation (strict), as Release does, and the address keeps its
+// failures. An error leaves the failures counted (the safe direction); the
+// sign-in itself has succeeded.
 func (p *Permit) Succeed(ctx context.Context) error {
 	if p == nil || !p.decide(succeeded) {
 		return nil
+	}
+	return errors.Join(p.succeed(ctx), p.outer.Succeed(ctx))
+}
+
+func (p *Permit) succeed(ctx context.Context) error {
+	if p.l.keepOnSuccess {
+		return p.giveBack(ctx)
 	}
 	if !p.reserved && p.prior == 0 {
 		return nil
@@ -630,6 +754,11 @@ func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || !p.decide(released) {
 		return nil
 	}
+	return errors.Join(p.giveBack(ctx), p.outer.Release(ctx))
+}
+
+// giveBack gives back a strict attempt's reservation.
+func (p *Permit) giveBack(ctx context.Context) error {
 	if !p.reserved {
 		return nil
 	}
@@ -639,6 +768,13 @@ func (p *Permit) Release(ctx context.Context) error {
 	left, err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key)
 	if err != nil {
 		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
+	}
+	if len(left) == 1 && left[0] == 0 {
+		// No failure left: the row goes (a row of none would list the key,
+		// every client address that signed in, until its window lapses).
+		if _, err := p.l.q.LoginAttemptDeleteEmpty(ctx, p.l.pool, p.key); err != nil {
+			p.l.log.WarnContext(ctx, "signin: deleting a row of no failures failed; it lapses with its window", "limit", p.l.name, "err", err)
+		}
 	}
 	for i := range left {
 		left[i]++ // what it had before
@@ -666,8 +802,8 @@ func newContext(ctx context.Context, p *Permit) context.Context {
 // Options.OnError:
 //
 //   - *LimitError: 429 too-many-failed-sign-ins with Retry-After and the
-//     members limit and retryAfter (seconds), the same for every username,
-//     known or not;
+//     members limit, retryAfter (seconds) and scope ("username" or
+//     "address"), the same for every username, known or not;
 //   - *http.MaxBytesError: 413 sign-in-request-too-large;
 //   - ErrInvalidRequest: 400 invalid-sign-in-request;
 //   - ErrNotRecorded, a database that cannot be reached or did not answer
@@ -685,15 +821,20 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.As(err, &le):
 		retry := retryafter.Seconds(le.RetryAfter)
+		detail := fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
+			le.Limit, retry)
+		if le.scopeName() == scopeAddress {
+			detail = fmt.Sprintf("This client address had %d failed sign-ins over every username; every sign-in from it is refused, whatever the username and password, for %d more seconds.",
+				le.Limit, retry)
+		}
 		problem.Write(w, &problem.Details{
-			Slug:   slugTooMany,
-			Title:  "Too many failed sign-ins",
-			Status: http.StatusTooManyRequests,
-			Detail: fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
-				le.Limit, retry),
+			Slug:       slugTooMany,
+			Title:      "Too many failed sign-ins",
+			Status:     http.StatusTooManyRequests,
+			Detail:     detail,
 			Instance:   r.URL.Path,
 			RetryAfter: time.Duration(retry) * time.Second,
-			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry},
+			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry, "scope": le.scopeName()},
 		})
 	case errors.As(err, &tooLarge):
 		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",

@@ -141,6 +141,7 @@ func wantThrottled(limit int, retryAfter int) map[string]any {
 		"instance":   "/api/session",
 		"limit":      float64(limit),
 		"retryAfter": float64(retryAfter),
+		"scope":      "username",
 	}
 }
 
@@ -929,6 +930,9 @@ func TestBadInput(t *testing.T) {
 		{"empty body", "application/json", "", 400, noUsername},
 		{"not json", "application/json", "{username:", 400, noUsername},
 		{"json array", "application/json", `["alice"]`, 400, noUsername},
+		{"trailing object", "application/json", `{"username":"alice"}{"username":"alice"}`, 400, noUsername},
+		{"trailing garbage", "application/json", `{"username":"alice"} x`, 400, noUsername},
+		{"trailing data sent as a form (curl -d)", "application/x-www-form-urlencoded", `{"username":"alice"},1`, 400, noUsername},
 		{"no username", "application/json", `{"password":"x"}`, 400, noUsername},
 		{"username a number", "application/json", `{"username":42}`, 400, noUsername},
 		{"empty username", "application/json", `{"username":""}`, 400, noUsername},
@@ -942,6 +946,7 @@ func TestBadInput(t *testing.T) {
 		{"very long username", "application/json", `{"username":"` + strings.Repeat("é", 5000) + `"}`, 401, nil},
 		{"form", "application/x-www-form-urlencoded", "username=Bob&password=x", 401, nil},
 		{"json without content type", "", `{"username":"bob"}`, 401, nil},
+		{"json with trailing white space", "application/json", "{\"username\":\"dave\"}\n\t ", 401, nil},
 		{"form without content type", "", `username=bob`, 401, nil},
 		{"json+problem type", "application/vnd.api+json; charset=utf-8", `{"username":"bob"}`, 401, nil},
 		{"json sent as text/plain", "text/plain", `{"username":"bob"}`, 401, nil},

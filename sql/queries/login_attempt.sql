@@ -68,6 +68,16 @@ SET failures = failures - 1
 WHERE key = @key::text AND failures > 0 AND expires_at > now()
 RETURNING failures;
 
+-- name: LoginAttemptDeleteEmpty :execrows
+-- After LoginAttemptUnreserve left a key no failure: its row goes, so that
+-- a key whose only attempts were given back (every successful sign-in of
+-- a client address: middleware/signin, Scope "address") keeps no row and
+-- no window; its next failure opens a new one. failures = 0 is judged
+-- against the latest committed row, so a reservation made meanwhile keeps
+-- it. (A second statement, not a data-modifying CTE: one statement may
+-- not both update and delete a row.)
+DELETE FROM pglimit.login_attempt WHERE key = @key::text AND failures = 0;
+
 -- name: LoginAttemptClear :many
 -- A successful sign-in, or an operator's reset (signin.Limiter.Reset),
 -- clears the key's failures. Returns the failures it had (no row: none),
@@ -76,11 +86,19 @@ DELETE FROM pglimit.login_attempt WHERE key = @key::text
 RETURNING failures;
 
 -- name: LoginAttemptList :many
--- The live throttles, for the operator view.
+-- The live throttles, for the operator view: the first @max by lapse time,
+-- latest first (anyone may make a throttle row by failing a sign-in, so
+-- the list is bounded; LoginAttemptCount counts them all).
 SELECT key, failures, first_at, last_at, expires_at
 FROM pglimit.login_attempt
 WHERE expires_at > now()
-ORDER BY expires_at DESC, key;
+ORDER BY expires_at DESC, key
+LIMIT @max::int;
+
+-- name: LoginAttemptCount :one
+-- How many throttles are live, for the operator view beside its bounded
+-- list (LoginAttemptList).
+SELECT count(*) FROM pglimit.login_attempt WHERE expires_at > now();
 
 -- name: LoginAttemptDeleteLapsed :execrows
 -- Housekeeping: deletes at most @batch lapsed rows.

@@ -45,28 +45,41 @@
 -- it.
 
 -- name: SlotLockScopes :exec
--- Serialises claimers of the same scopes until their transaction ends. It
--- runs before the claim statement in the same batch, so the claim's
+-- Serialises claimers of the same scopes until their transaction ends, by
+-- locking one row of pglimit.slot_lock per scope (a bucket of the scope's
+-- hash; migration 00007): a row lock no role but pglimit's owner can take
+-- or hold (an advisory lock, which this was, any role may take and hold).
+-- It runs before the claim statement in the same batch, so the claim's
 -- snapshot is taken after the lock and sees every slot committed by the
 -- claimer before it: claims judged under the lock never race each other
--- (only the lock-free first tries of other round trips). Locks are taken in one order (by key), so that two batches cannot
--- deadlock; the two-key form (class 1196) keeps clear of the application's
--- own single-key advisory locks. A collision of two scopes' hashes only
--- makes them take turns.
--- It also sets, for the rest of the transaction, two planner settings for
--- SlotClaim: no JIT (its default row estimates for unnest and
--- generate_series look costly, and compiling would cost far more than
--- running it), and the generic plan, which a prepared claim then plans once
--- per connection instead of on every execution (planning is most of a
--- small claim's server time).
-SELECT set_config('jit', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true),
-       pg_advisory_xact_lock(1196, k.key)
-FROM (
-    SELECT DISTINCT hashtext(@kind::text || ':' || s.scope) AS key
-    FROM unnest(@scopes::text[]) AS s(scope)
-    ORDER BY 1
-) AS k;
+-- (only the lock-free first tries of other round trips). Rows are locked
+-- in one order (by bucket), so that two batches cannot deadlock. A bucket
+-- shared by two scopes only makes them take turns. A missing row (a new
+-- database, or after a crash emptied the UNLOGGED table) is inserted
+-- here; one that exists is locked and left as it is (ON CONFLICT DO UPDATE
+-- locks the row even when its WHERE is false, and writes nothing).
+-- Before locking it sets, for the rest of the transaction, lock_timeout
+-- (@lock_timeout_ms, half the Leaser's Timeout: a claim that cannot have
+-- its turn fails with SQLSTATE 55P03, unavailable, on a connection that
+-- stays usable, rather than waiting until its caller gives up) and two
+-- planner settings for SlotClaim: no JIT (its default row estimates for
+-- unnest and generate_series look costly, and compiling would cost far
+-- more than running it), and the generic plan, which a prepared claim
+-- then plans once per connection instead of on every execution (planning
+-- is most of a small claim's server time). The settings are a
+-- materialized CTE the rows are joined with, so they are made before the
+-- first row is locked.
+WITH settings AS MATERIALIZED (
+    SELECT set_config('jit', 'off', true) AS jit,
+           set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
+           set_config('lock_timeout', @lock_timeout_ms::int || 'ms', true) AS lock_timeout
+)
+INSERT INTO pglimit.slot_lock AS l (bucket)
+SELECT DISTINCT hashtext(@kind::text || ':' || s.scope) & 4095
+FROM unnest(@scopes::text[]) AS s(scope)
+CROSS JOIN settings
+ORDER BY 1
+ON CONFLICT (bucket) DO UPDATE SET bucket = excluded.bucket WHERE false;
 
 -- name: SlotClaim :many
 -- Judges a batch of claims in order and grants each one a slot in every
@@ -374,6 +387,20 @@ SELECT scope, slot, holder, endpoint, replica, claimed_at, expires_at
 FROM pglimit.slot
 WHERE kind = @kind::text AND expires_at > now()
 ORDER BY scope, slot;
+
+-- name: SlotListFirst :many
+-- The first @max live slots of one kind by lapse time, latest first, for
+-- the operator view (GET /api/limits), which lists a bounded number of
+-- rows and counts the rest (SlotCount).
+SELECT scope, slot, holder, endpoint, replica, claimed_at, expires_at
+FROM pglimit.slot
+WHERE kind = @kind::text AND expires_at > now()
+ORDER BY expires_at DESC, scope, slot
+LIMIT @max::int;
+
+-- name: SlotCount :one
+-- How many slots of one kind are live, beside SlotListFirst.
+SELECT count(*) FROM pglimit.slot WHERE kind = @kind::text AND expires_at > now();
 
 -- name: SlotDeleteLapsed :many
 -- Housekeeping: deletes at most @batch lapsed slots (released or run out)

@@ -26,7 +26,16 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // an index on expires_at, but the two rewritten on every request
 // (api_request_window, and slot, whose claims and releases rewrite a
 // slot's row), which have none so that their rewrites are HOT updates; the
-// kinds of slot are views of slot under the names the ADR gives them.
+// kinds of slot are views of slot under the names the ADR gives them. Two
+// tables hold no limit: slot_lock (the rows claims take turns on, UNLOGGED
+// too, without expires_at) and bus_key (the bus's secret, logged: a key
+// lost in a crash would leave the bus deaf). The calendar quotas' two
+// tables carry period_end instead of expires_at, unindexed (every charge
+// rewrites its key's row): quota_usage UNLOGGED, quota_ledger logged (a
+// quota that bills survives a crash, and its charges commit with the
+// caller's transaction). limit_override is an operator's configuration
+// (package override), logged like bus_key, as is access_rule (the allow and deny lists:
+// a crash does not lift a deny list).
 func TestLimitTablesAreUnlogged(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
@@ -61,11 +70,18 @@ func TestLimitTablesAreUnlogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []table{
+		{"access_rule", "r", "p", "", false}, // the allow and deny lists: configuration, logged
 		{"api_request_window", "r", "u", "", false},
+		{"ban", "r", "u", "", true},
+		{"bus_key", "r", "p", "", false},
+		{"limit_override", "r", "p", "", false},
 		{"login_attempt", "r", "u", "", true},
+		{"quota_ledger", "r", "p", "", false},
+		{"quota_usage", "r", "u", "", false},
 		{"refusal_minute", "r", "u", "", true},
 		{"replica", "r", "u", "", true},
 		{"slot", "r", "u", "", false},
+		{"slot_lock", "r", "u", "", false},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pglimit tables (-want +got):\n%s", diff)

@@ -5,7 +5,7 @@
 -- The limit tables are distributed by the column every decision names, and
 -- colocated, so that a decision's statement touches one shard, on one
 -- worker: slot by scope (its primary key is (kind, scope, slot)),
--- login_attempt and api_request_window by key. The small tables stay on
+-- login_attempt, api_request_window and ban by key. The small tables stay on
 -- the coordinator, as plain tables: the replica registry (a heartbeat on a
 -- reference table would be a two-phase commit on every node; on the
 -- coordinator it is one local write) and the refusals per minute. The
@@ -28,6 +28,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.api_request_window'::regclass) THEN
         PERFORM create_distributed_table('pglimit.api_request_window', 'key', colocate_with => 'pglimit.slot');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'pglimit.ban'::regclass) THEN
+        PERFORM create_distributed_table('pglimit.ban', 'key', colocate_with => 'pglimit.slot');
     END IF;
     -- The decisions (migration 00006): each call runs on the worker that
     -- holds the shard of its key or scope, and touches that shard alone.

@@ -6,18 +6,23 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	neturl "net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/access"
+	"github.com/pglimit/pglimit/ban"
+	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/cmd/internal/jolokia"
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
@@ -26,6 +31,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/readroute"
+	"github.com/pglimit/pglimit/middleware/rules"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/nodelimit"
@@ -42,12 +48,25 @@ type App struct {
 
 	q *studiodb.Queries
 
-	signin    *signin.Limiter
-	uploads   *upload.Limiter
-	inflight  *inflight.Limiter
-	rate      *ratelimit.Limiter // nil with -api-rate 0
-	endpoints endpoints
-	pager     *cursor.Pager
+	signin *signin.Limiter
+	// signinAddr counts failed sign-ins per client address, around signin
+	// (nil: -sign-in-address-failures 0).
+	signinAddr *signin.Limiter
+	uploads    *upload.Limiter
+	inflight   *inflight.Limiter
+	rate       *ratelimit.Limiter // nil with -api-rate 0
+	addrs      *clientaddr.Resolver
+	addrRate   *ratelimit.Limiter // nil with -address-rate 0
+	// rules are the allow and deny lists; denyByAddress guards every
+	// route but the health checks by the client address, outermost;
+	// denyByKey guards the routes with a token after the authentication.
+	rules         *access.Rules
+	denyByAddress *rules.Guard
+	denyByKey     *rules.Guard
+	bans          *ban.Bans // nil with -ban-after 0
+	endpoints     endpoints
+	quotas        quotas
+	pager         *cursor.Pager
 
 	meters   metric.MeterProvider
 	promReg  *prometheus.Registry
@@ -59,11 +78,14 @@ type App struct {
 	readyReplicas atomic.Int64
 	nodes         map[string]*jolokia.Client
 
-	consoleRole bool          // the primary may SET ROLE studio_console (the fallback)
-	console     *pgxpool.Pool // connections whose session user is studio_console
-	closers     []func()
-	handler     http.Handler
-	started     time.Time
+	consoleRole      bool            // the console runs as the service with SET ROLE studio_console (a fallback)
+	consolePerUser   bool            // each console user logs in as a role of their own
+	consoleOnPrimary bool            // the console runs on the primary's pool, as the service's role (a fallback)
+	consoleBase      *pgx.ConnConfig // the console's connection (per user: its user and password are replaced)
+	consoleLogins    sync.Map        // username → *pgx.ConnConfig of the user's role, made on first use
+	closers          []func()
+	handler          http.Handler
+	started          time.Time
 }
 
 // endpoints are the heavy endpoints, one heavy.Limiter each.
@@ -120,7 +142,19 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.setupMetrics(); err != nil {
 		return nil, err
 	}
+	if err := a.setupBans(); err != nil {
+		return nil, err
+	}
 	if err := a.setupLimits(); err != nil {
+		return nil, err
+	}
+	if err := a.setupAddress(); err != nil {
+		return nil, err
+	}
+	if err := a.setupQuotas(ctx); err != nil {
+		return nil, err
+	}
+	if err := a.setupAccess(ctx); err != nil {
 		return nil, err
 	}
 	// The registry, the node limiter and the read router start nothing
@@ -142,81 +176,9 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err != nil {
 		return nil, err
 	}
-	a.handler = a.routes()
+	a.handler = withWriteDeadline(a.routes())
 	ok = true
 	return a, nil
-}
-
-// setupConsole opens the SQL console's own pool, whose session user is the
-// studio_console role: -sql-console-url when given (a failure is fatal),
-// else the primary's URL as user studio_console when that role can log in.
-// Without one the console falls back to SET ROLE studio_console on the
-// primary, which a statement can undo (SECURITY.md), and says so.
-func (a *App) setupConsole(ctx context.Context) error {
-	url, explicit := a.cfg.SQLConsoleURL, a.cfg.SQLConsoleURL != ""
-	want := ""
-	if !explicit {
-		url, want = withUser(a.cfg.DatabaseURL, "studio_console"), "studio_console"
-	}
-	pool, err := a.openConsole(ctx, url, want)
-	if err == nil {
-		a.console = pool
-		a.closers = append(a.closers, pool.Close)
-		return nil
-	}
-	if explicit {
-		return fmt.Errorf("-sql-console-url: %w", err)
-	}
-	a.consoleRole, err = a.q.ConsoleRoleUsable(ctx, a.primary)
-	if err != nil {
-		return err
-	}
-	if a.consoleRole {
-		a.log.Warn("the SQL console cannot log in as studio_console; it runs as the service with SET ROLE studio_console, which a statement can undo: give -sql-console-url (SECURITY.md)")
-	} else {
-		a.log.Warn("the SQL console runs as the service's own role in a read-only transaction: the studio_console role could not be created or used; give -sql-console-url (SECURITY.md)")
-	}
-	return nil
-}
-
-// openConsole connects to url and checks the session is not a superuser
-// (and is user want, when given).
-func (a *App) openConsole(ctx context.Context, url, want string) (*pgxpool.Pool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	// Every console statement holds an installation permit, and those bound
-	// all heavy requests of all replicas: one replica may run as many
-	// console statements at once as the installation cap, and its pool is
-	// that size, so the shared caps decide, never a hidden per-replica one.
-	pool, err := openPool(ctx, url, a.installationCap(), a.cfg.ReplicaName+" console")
-	if err != nil {
-		return nil, err
-	}
-	who, err := a.q.ConsoleSession(ctx, pool)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if who.Superuser {
-		pool.Close()
-		return nil, fmt.Errorf("the console connection's user %q is a superuser", who.SessionUserName)
-	}
-	if want != "" && who.SessionUserName != want {
-		pool.Close()
-		return nil, fmt.Errorf("the console connection's user is %q, not %q", who.SessionUserName, want)
-	}
-	return pool, nil
-}
-
-// withUser returns the connection URL u with its user replaced and no
-// password.
-func withUser(u, user string) string {
-	parsed, err := neturl.Parse(u)
-	if err != nil || parsed.Scheme == "" {
-		return u
-	}
-	parsed.User = neturl.User(user)
-	return parsed.String()
 }
 
 func openPool(ctx context.Context, url string, maxConns int, appName string) (*pgxpool.Pool, error) {
@@ -237,6 +199,11 @@ func openPool(ctx context.Context, url string, maxConns int, appName string) (*p
 
 func (a *App) setupMetrics() error {
 	a.promReg = prometheus.NewRegistry()
+	// The process's own Go runtime (go_memstats_*, go_goroutines): what
+	// an operator (and TestAddressKeysMemory) reads the heap by.
+	if err := a.promReg.Register(collectors.NewGoCollector()); err != nil {
+		return err
+	}
 	exporter, err := otelprom.New(otelprom.WithRegisterer(a.promReg))
 	if err != nil {
 		return err
@@ -300,6 +267,7 @@ func (a *App) setupLimits() error {
 	}
 	a.signin, err = signin.New(a.primary, signin.Options{
 		Key:           signInKey,
+		MaxBodyBytes:  maxSessionBody,
 		Limit:         cfg.SignInFailures,
 		Window:        cfg.SignInWindow,
 		Lenient:       !cfg.SignInStrict,
@@ -309,6 +277,23 @@ func (a *App) setupLimits() error {
 	})
 	if err != nil {
 		return err
+	}
+	if cfg.SignInAddressFailures > 0 {
+		a.signinAddr, err = signin.New(a.primary, signin.Options{
+			Name:          "sign-in-address",
+			Scope:         "address",
+			Key:           a.signInAddressKey,
+			MaxBodyBytes:  maxSessionBody,
+			Limit:         cfg.SignInAddressFailures,
+			Window:        cfg.SignInWindow,
+			Lenient:       !cfg.SignInStrict,
+			Logger:        a.log,
+			MeterProvider: a.meters,
+			DryRun:        cfg.DryRun["sign-in-address"],
+		})
+		if err != nil {
+			return err
+		}
 	}
 	a.uploads, err = upload.New(a.primary, upload.Options{
 		Key:           userOf,
@@ -336,10 +321,13 @@ func (a *App) setupLimits() error {
 	}
 	a.rate, err = ratelimit.New(a.primary, ratelimit.Options{
 		Name: "api",
-		Key:  tokenOf,
+		Key:  rateKeyOf,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: cfg.APIRate.Limit, Window: cfg.APIRate.Window,
 			Burst: cfg.APIBurst}},
 		Borrow:        cfg.APIBorrow,
+		Exempt:        rules.Allowed,
+		Ban:           a.bans,
+		OnError:       rateError("user"),
 		Logger:        a.log,
 		MeterProvider: a.meters,
 		DryRun:        cfg.DryRun["api"],
@@ -347,8 +335,9 @@ func (a *App) setupLimits() error {
 	return err
 }
 
-// rateLimited counts a request of an API token in its rate (-api-rate,
-// -api-burst), when there is one.
+// rateLimited counts a request of an API token in its user's rate
+// (-api-rate, -api-burst: every token of the user together), when there is
+// one.
 func (a *App) rateLimited(next http.Handler) http.Handler {
 	if a.rate == nil {
 		return next
@@ -378,6 +367,7 @@ func (a *App) Run(ctx context.Context) error {
 		},
 		a.router.Run,
 		a.nodeLimit.Run,
+		a.rules.Run,
 	}
 	errc := make(chan error, len(parts))
 	for _, part := range parts {

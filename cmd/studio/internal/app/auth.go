@@ -36,6 +36,16 @@ func userOf(r *http.Request) (string, bool) {
 	return id.Username, ok
 }
 
+// rateKeyOf is the API rate's identity: the user behind the token, so every
+// token of a user (each sign-in mints one) shares one rate.
+func rateKeyOf(r *http.Request) (string, bool) {
+	id, ok := IdentityFrom(r.Context())
+	if !ok {
+		return "", false
+	}
+	return "user:" + id.Username, true
+}
+
 // tokenOf is the in-flight cap's identity: the token's id, never the token.
 func tokenOf(r *http.Request) (string, bool) {
 	id, ok := IdentityFrom(r.Context())
@@ -64,11 +74,11 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 		scheme, token, ok := strings.Cut(h, " ")
 		token = strings.TrimSpace(token)
 		if h == "" {
-			unauthorized(w, "This endpoint needs an API token: Authorization: Bearer <token>.")
+			a.anonymous(w, r, "This endpoint needs an API token: Authorization: Bearer <token>.")
 			return
 		}
 		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || len(token) > 256 || strings.ContainsAny(token, " \t") {
-			unauthorized(w, "The Authorization header is malformed; send Authorization: Bearer <token>.")
+			a.anonymous(w, r, "The Authorization header is malformed; send Authorization: Bearer <token>.")
 			return
 		}
 		ctx, cancel := dbContext(r.Context())
@@ -76,7 +86,7 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 		cancel()
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
-				unauthorized(w, "The API token is unknown or expired.")
+				a.anonymous(w, r, "The API token is unknown or expired.")
 				return
 			}
 			a.dbError(w, r, err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/quota"
 )
 
 // Config is everything the service is configured with. Flag names are the
@@ -48,15 +49,32 @@ type Config struct {
 	SignInFailures int
 	SignInWindow   time.Duration
 	SignInStrict   bool
-	UploadsPerHour int
-	UploadWindow   time.Duration
-	MaxUploadBytes int64
-	TokenInFlight  int
-	MaxRequestTime time.Duration
-	APIRate        Rate // requests per token over /api/ but POST /api/session; Limit 0: off
-	APIBurst       int
-	APIBorrow      bool
-	DryRun         DryRun // limits that decide, count and log but refuse nobody
+	// SignInAddressFailures are the failed sign-ins per client address per
+	// SignInWindow, over every username; 0: off.
+	SignInAddressFailures int
+	UploadsPerHour        int
+	UploadWindow          time.Duration
+	MaxUploadBytes        int64
+	TokenInFlight         int
+	MaxRequestTime        time.Duration
+	APIRate               Rate // requests per user (all its tokens) over /api/ but POST /api/session; Limit 0: off
+	APIBurst              int
+	APIBorrow             bool
+	DryRun                DryRun // limits that decide, count and log but refuse nobody
+
+	APIQuota            Quota  // requests per user per day or month over /api/ but POST /api/session; Limit 0: off
+	QuotaTimezone       string // the IANA zone of the quotas' days and months
+	ExportRowsPerDay    int64  // audit rows a user may export per day; 0: off
+	PluginBytesPerMonth int64  // plugin bytes a user may store per month; 0: off
+
+	TrustedProxies Proxies // whose Forwarded / X-Forwarded-For is believed; none: the peer
+	IPv6Prefix     int     // an IPv6 client is its prefix of this length
+	AddressRate    Rate    // requests without a token per client address; Limit 0: off
+	AddressBurst   int
+
+	BanAfter  int           // rate refusals of a key within BanWithin that ban it for BanFor; 0: no bans
+	BanWithin time.Duration // the window BanAfter refusals are counted in
+	BanFor    time.Duration // how long a ban lasts
 
 	Nodes    Nodes
 	NodeRate int
@@ -98,10 +116,51 @@ func (r *Rate) Set(v string) error {
 	return nil
 }
 
+// Quota is -api-quota: Limit requests per calendar Period, written N/day
+// or N/month; "0" (Limit 0) turns the quota off.
+type Quota struct {
+	Limit  int64
+	Period quota.Period
+}
+
+func (q *Quota) String() string {
+	if q.Limit == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d/%s", q.Limit, q.Period)
+}
+
+// Set parses N/day, N/month or 0.
+func (q *Quota) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if v == "0" {
+		*q = Quota{}
+		return nil
+	}
+	n, unit, found := strings.Cut(v, "/")
+	var p quota.Period
+	switch {
+	case !found:
+		return fmt.Errorf("quota %q: want N/day, N/month or 0", v)
+	case unit == "day":
+		p = quota.Day
+	case unit == "month":
+		p = quota.Month
+	default:
+		return fmt.Errorf("quota %q: the period is day or month", v)
+	}
+	limit, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || limit < 1 || limit > quota.MaxLimit {
+		return fmt.Errorf("quota %q: N is a whole number within 1..%d", v, int64(quota.MaxLimit))
+	}
+	*q = Quota{Limit: limit, Period: p}
+	return nil
+}
+
 // LimitNames are the names of the service's limits, as -dry-run, the
 // metric attribute limit and the operator page name them.
 var LimitNames = []string{"sql-console", "audit-export", "audit-history", "event-history", "alert-history", "flow-graph",
-	"sign-in", "uploads", "in-flight", "api"}
+	"sign-in", "sign-in-address", "uploads", "in-flight", "api", "address", "quota", "export-rows", "plugin-bytes"}
 
 // DryRun is -dry-run: a comma-separated list of LimitNames, or "all"; the
 // flag may be given more than once.
@@ -179,7 +238,8 @@ func defaultReplicaName() string {
 // ParseFlags reads the command line (and DATABASE_URL, READ_REPLICA_URL,
 // CURSOR_KEY from the environment) into a Config.
 func ParseFlags(args []string) (*Config, error) {
-	c := &Config{Nodes: Nodes{}, APIRate: Rate{Limit: 100, Window: time.Second}, DryRun: DryRun{}}
+	c := &Config{Nodes: Nodes{}, APIRate: Rate{Limit: 100, Window: time.Second}, DryRun: DryRun{},
+		AddressRate: Rate{Limit: 20, Window: time.Second}}
 	fs := flag.NewFlagSet("studio", flag.ContinueOnError)
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "primary PostgreSQL URL (default $DATABASE_URL, else an embedded throwaway PostgreSQL)")
@@ -204,15 +264,28 @@ func ParseFlags(args []string) (*Config, error) {
 
 	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username per window")
 	fs.DurationVar(&c.SignInWindow, "sign-in-window", 15*time.Minute, "sign-in throttle window")
+	fs.IntVar(&c.SignInAddressFailures, "sign-in-address-failures", 20, "failed sign-ins allowed per client address per -sign-in-window, over every username (password spraying), strict like the username's; 0 turns it off")
 	fs.BoolVar(&c.SignInStrict, "sign-in-strict", true, "reserve each attempt before the password is checked, so no more than -sign-in-failures are evaluated even under a parallel burst; -sign-in-strict=false checks a burst in full")
 	fs.IntVar(&c.UploadsPerHour, "uploads-per-hour", 5, "plugin uploads per user per rolling window")
 	fs.DurationVar(&c.UploadWindow, "upload-window", time.Hour, "the rolling window of -uploads-per-hour")
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", 8<<20, "largest plugin accepted")
 	fs.IntVar(&c.TokenInFlight, "token-in-flight", 8, "concurrent requests per API token, across replicas")
 	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
-	fs.Var(&c.APIRate, "api-rate", "request rate per API token over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
+	fs.Var(&c.APIRate, "api-rate", "request rate per user, every API token of the user together, over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
 	fs.BoolVar(&c.APIBorrow, "api-borrow", false, "the rate limit borrows units for hot tokens in batches and spends them in memory (never admits past the GCRA bound; units a replica holds may refuse another replica's request)")
-	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests an API token may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
+	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests a user may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
+	fs.Var(&c.TrustedProxies, "trusted-proxies", "comma-separated CIDRs whose Forwarded / X-Forwarded-For is believed: the client address is the rightmost address not in this set (default none: the peer address)")
+	fs.IntVar(&c.IPv6Prefix, "ipv6-prefix", 64, "IPv6 client addresses are one client per prefix of this length (1 to 128)")
+	fs.Var(&c.AddressRate, "address-rate", "request rate per client address of every request without a token (every /api/ route, POST /api/session included), across replicas: N/s, N/m or N/h; 0 turns it off")
+	fs.IntVar(&c.AddressBurst, "address-burst", 40, "requests a client address may make at once above -address-rate")
+	fs.IntVar(&c.BanAfter, "ban-after", 0, "a user, token or client address refused by a rate limit this many times within -ban-within is refused on every replica for -ban-for (429 banned); 0 turns bans off")
+	fs.DurationVar(&c.BanWithin, "ban-within", time.Minute, "the window -ban-after refusals are counted in")
+	fs.DurationVar(&c.BanFor, "ban-for", 15*time.Minute, "how long a ban lasts (an operator lifts one with DELETE /api/limits/bans/{key})")
+
+	fs.Var(&c.APIQuota, "api-quota", "calendar quota of requests per user over every /api/ route but POST /api/session, across replicas: N/day or N/month; 0 turns it off")
+	fs.StringVar(&c.QuotaTimezone, "quota-timezone", "UTC", "the IANA time zone whose midnight starts a quota's day and whose 1st starts its month")
+	fs.Int64Var(&c.ExportRowsPerDay, "export-rows-per-day", 0, "audit rows a user may export per day, charged after each export by the rows it sent; 0 turns it off")
+	fs.Int64Var(&c.PluginBytesPerMonth, "plugin-bytes-per-month", 0, "plugin bytes a user may store per month, debited in the transaction that stores the plugin; 0 turns it off")
 
 	fs.Var(c.DryRun, "dry-run", "limits that decide, count and log what they would refuse, and refuse nobody: a comma-separated list of "+strings.Join(LimitNames, ", ")+", or all")
 
@@ -276,11 +349,33 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("-history-rows must be at least %d, the largest page", maxPageSize))
 	}
 	positive("sign-in-failures", c.SignInFailures)
+	if c.SignInAddressFailures < 0 || c.SignInAddressFailures > pglimit.MaxLimit {
+		errs = append(errs, fmt.Errorf("-sign-in-address-failures must be from 0 (off) to %d", pglimit.MaxLimit))
+	}
 	positive("uploads-per-hour", c.UploadsPerHour)
 	positive("token-in-flight", c.TokenInFlight)
 	positive("node-rate", c.NodeRate)
 	if c.APIRate.Limit > 0 && (c.APIBurst < 1 || c.APIBurst > pglimit.MaxLimit) {
 		errs = append(errs, fmt.Errorf("-api-burst must be from 1 to %d", pglimit.MaxLimit))
+	}
+	if c.AddressRate.Limit > 0 && (c.AddressBurst < 1 || c.AddressBurst > pglimit.MaxLimit) {
+		errs = append(errs, fmt.Errorf("-address-burst must be from 1 to %d", pglimit.MaxLimit))
+	}
+	if c.BanAfter < 0 || c.BanAfter > banMaxAfter {
+		errs = append(errs, fmt.Errorf("-ban-after must be from 0 (off) to %d", banMaxAfter))
+	}
+	if c.BanAfter > 0 {
+		for _, d := range []struct {
+			name string
+			v    time.Duration
+		}{{"ban-within", c.BanWithin}, {"ban-for", c.BanFor}} {
+			if d.v < time.Millisecond || d.v > banMaxDuration {
+				errs = append(errs, fmt.Errorf("-%s must be from 1ms to %v", d.name, banMaxDuration))
+			}
+		}
+	}
+	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
+		errs = append(errs, errors.New("-ipv6-prefix must be from 1 to 128"))
 	}
 	positiveDur("sql-console-time", c.SQLConsoleTime)
 	positiveDur("export-time", c.ExportTime)
@@ -292,6 +387,17 @@ func (c *Config) Validate() error {
 	positiveDur("heartbeat", c.HeartbeatInterval)
 	positiveDur("housekeeping", c.HousekeepingInterval)
 	positiveDur("read-replica-check", c.ReplicaCheckInterval)
+	if _, err := c.quotaLocation(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, q := range []struct {
+		name string
+		v    int64
+	}{{"export-rows-per-day", c.ExportRowsPerDay}, {"plugin-bytes-per-month", c.PluginBytesPerMonth}} {
+		if q.v < 0 || q.v > quota.MaxLimit {
+			errs = append(errs, fmt.Errorf("-%s must be from 0 (off) to %d", q.name, int64(quota.MaxLimit)))
+		}
+	}
 	if c.MaxUploadBytes < 1 {
 		errs = append(errs, errors.New("-max-upload-bytes must be at least 1"))
 	}
@@ -302,6 +408,23 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("-log-format must be text or json"))
 	}
 	return errors.Join(errs...)
+}
+
+// quotaLocation is -quota-timezone as a location: an IANA name ("UTC" when
+// empty); "Local" and a zone Go does not know are errors naming the flag.
+func (c *Config) quotaLocation() (*time.Location, error) {
+	name := c.QuotaTimezone
+	if name == "" {
+		name = "UTC"
+	}
+	if name == "Local" {
+		return nil, errors.New("-quota-timezone must be an IANA time zone such as Europe/Paris, not Local")
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("-quota-timezone: unknown time zone %q: want an IANA name such as Europe/Paris", name)
+	}
+	return loc, nil
 }
 
 // parseCursorKey decodes -cursor-key, given as base64 (standard or URL

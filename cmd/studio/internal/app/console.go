@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -15,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/problem"
@@ -24,8 +25,14 @@ import (
 
 const (
 	maxSQLBytes      = 64 << 10 // the console's largest statement
-	maxCellBytes     = 64 << 10 // a longer value is cut and marked
-	maxResponseBytes = 8 << 20  // past this the result stops, as at the row cap
+	maxCellBytes     = 64 << 10 // a longer value is cut and marked, never decoded
+	maxResponseBytes = 8 << 20  // the answer's encoded JSON; past this the result stops, as at the row cap
+	// maxRowBytes bounds one row as the database sends it: the console's
+	// connection refuses a longer message before reading its body, so no
+	// row larger than this is ever held in memory, and the result stops
+	// there, as at the row cap. Cells are cut at maxCellBytes, so only a
+	// row of very many long cells reaches it.
+	maxRowBytes = 2 * maxResponseBytes
 )
 
 // errResponseFull stops a console result at maxResponseBytes.
@@ -35,19 +42,16 @@ type consoleRequest struct {
 	SQL string `json:"sql"`
 }
 
-type consoleResponse struct {
-	Columns []string `json:"columns"`
-	Rows    [][]any  `json:"rows"`
-	Bound   *string  `json:"bound"`
-}
-
-// handleConsole runs one read-only statement (POST /api/sql). It runs in a
-// read-only transaction on a connection that logged in as studio_console
-// (a role that may only read the history tables) when there is one,
-// with statement_timeout at what is left of the time bound; the extended
-// protocol refuses several statements in one request. It stops at the row
-// cap (bound ROWS) or the time bound (bound TIME, or 503 when nothing was
-// read yet).
+// handleConsole runs one read-only statement (POST /api/sql) on a
+// connection of its own, logged in as the user's own console role
+// (consoleConnect), in a read-only transaction with statement_timeout at
+// what is left of the time bound; the extended protocol refuses several
+// statements in one request. It stops at the row cap or the response's
+// size cap (bound ROWS) or the time bound (bound TIME, or 503 when nothing
+// was read yet). The connection is closed before the answer's first byte
+// is written: a client that reads slowly, or not at all, holds no
+// connection, transaction or lock of the database, only its permit until
+// the write deadline (withWriteDeadline) drops it.
 func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 	b, _ := heavy.FromContext(r.Context())
 	// The body is read under the permits: one still arriving at the time
@@ -68,22 +72,18 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		invalidSQL(w, "The sql member is empty.", "")
 		return
 	}
+	id, _ := IdentityFrom(r.Context())
 	var (
-		resp  = consoleResponse{Columns: []string{}, Rows: [][]any{}}
-		mark  heavy.Mark
-		bytes int
+		res  = &consoleResult{}
+		mark heavy.Mark
 	)
 	// The statement may change its session beyond the transaction (SET,
 	// SET ROLE, session advisory locks, WITH HOLD cursors, LISTEN): its
-	// connection is closed after it, never returned to the pool.
-	pool := a.console
-	if pool == nil {
-		pool = a.primary
-	}
-	conn := &throwawayConn{pool: pool}
+	// connection is never reused.
+	conn := &throwawayConn{connect: func(ctx context.Context) (*pgx.Conn, func(), error) { return a.consoleConnect(ctx, id.Username) }}
 	defer conn.close()
 	err := heavy.Read(r.Context(), conn, func(tx pgx.Tx) error {
-		if a.console == nil && a.consoleRole {
+		if a.consoleRole {
 			if err := a.q.ConsoleEnterRole(r.Context(), tx); err != nil {
 				return err
 			}
@@ -95,32 +95,20 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		for _, f := range rows.FieldDescriptions() {
-			resp.Columns = append(resp.Columns, f.Name)
-		}
-		mark, err = heavy.Stream(r.Context(), rows, func(rows pgx.Rows) error {
-			vals, err := rows.Values()
-			if err != nil {
-				return err
-			}
-			row := make([]any, len(vals))
-			for i, v := range vals {
-				row[i] = jsonValue(v)
-				bytes += approxSize(row[i])
-			}
-			resp.Rows = append(resp.Rows, row)
-			if bytes > maxResponseBytes {
-				return errResponseFull
-			}
-			return nil
-		})
-		if errors.Is(err, errResponseFull) {
-			// Stream stopped the statement in the database, as at the
-			// row cap.
+		res.begin(rows.FieldDescriptions())
+		mark, err = heavy.Stream(r.Context(), rows, res.add)
+		var tooLong *pgproto3.ExceededMaxBodyLenErr
+		if errors.Is(err, errResponseFull) || errors.As(err, &tooLong) {
+			// Stream stopped the statement in the database, as at the row
+			// cap; a row past maxRowBytes was refused unread and its
+			// connection is lost, which loses nothing read.
 			mark.Bound, err = heavy.BoundRows, nil
 		}
 		return err
 	})
+	// The connection, its transaction and whatever the statement took in
+	// its session end here, before the answer's first byte.
+	conn.close()
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && userSQLError(pgErr) {
@@ -134,39 +122,162 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		heavy.WriteError(w, r, heavy.ErrTimedOut)
 		return
 	}
+	var bound *string
 	if mark.Partial() {
-		bound := mark.Bound
-		resp.Bound = &bound
+		bound = &mark.Bound
 	}
-	writeJSON(w, http.StatusOK, resp)
+	body := res.finish(bound)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
-// throwawayConn is a heavy.Beginner that takes a connection from the pool
-// for one transaction; close closes that connection and gives its place
-// back to the pool, which then opens a fresh one when it needs one. The
-// connection counts against the pool's size while it is used.
+// consoleResult is the console's answer, {"columns","rows","bound"},
+// encoded as its rows arrive, so that its size cap counts the bytes sent.
+type consoleResult struct {
+	buf   bytes.Buffer
+	rows  int
+	begun bool
+}
+
+// consoleTail is room kept for the answer's end (finish).
+const consoleTail = len(`],"bound":"ROWS"}` + "\n")
+
+func (c *consoleResult) begin(fields []pgconn.FieldDescription) {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.Name
+	}
+	b, _ := json.Marshal(names)
+	c.buf.WriteString(`{"columns":`)
+	c.buf.Write(b)
+	c.buf.WriteString(`,"rows":[`)
+	c.begun = true
+}
+
+// add encodes the current row of rows, one cell at a time: a value longer
+// than maxCellBytes is cut from its raw bytes and never decoded, so a cell
+// costs memory in proportion to its cut size. A row that would take the
+// answer past maxResponseBytes stops the result (errResponseFull).
+func (c *consoleResult) add(rows pgx.Rows) error {
+	fields, raws := rows.FieldDescriptions(), rows.RawValues()
+	m := rows.Conn().TypeMap()
+	room := maxResponseBytes - consoleTail - c.buf.Len() - 1
+	row := make([]byte, 0, 64)
+	row = append(row, '[')
+	for i := range fields {
+		if i > 0 {
+			row = append(row, ',')
+		}
+		v, err := cellValue(m, &fields[i], raws[i])
+		if err != nil {
+			return err
+		}
+		cell, err := json.Marshal(jsonValue(v))
+		if err != nil {
+			cell, _ = json.Marshal(cut(fmt.Sprint(v)))
+		}
+		if row = append(row, cell...); len(row) >= room {
+			return errResponseFull
+		}
+	}
+	if row = append(row, ']'); len(row) >= room {
+		return errResponseFull
+	}
+	if c.rows > 0 {
+		c.buf.WriteByte(',')
+	}
+	c.buf.Write(row)
+	c.rows++
+	return nil
+}
+
+// finish ends the answer with its bound and returns it.
+func (c *consoleResult) finish(bound *string) []byte {
+	if !c.begun {
+		c.buf.WriteString(`{"columns":[],"rows":[`)
+	}
+	b, _ := json.Marshal(bound)
+	c.buf.WriteString(`],"bound":`)
+	c.buf.Write(b)
+	c.buf.WriteString("}\n")
+	return c.buf.Bytes()
+}
+
+// cutCell is a value already cut from its raw bytes; jsonValue writes it
+// as it is.
+type cutCell string
+
+// cellValue decodes one raw value as rows.Values would, unless it is longer
+// than maxCellBytes: then it is cut before any decoding (cutRaw).
+func cellValue(m *pgtype.Map, fd *pgconn.FieldDescription, raw []byte) (any, error) {
+	switch {
+	case raw == nil:
+		return nil, nil
+	case len(raw) > maxCellBytes:
+		return cutRaw(fd, raw), nil
+	}
+	if dt, ok := m.TypeForOID(fd.DataTypeOID); ok {
+		return dt.Codec.DecodeValue(m, fd.DataTypeOID, fd.Format, raw)
+	}
+	if fd.Format == pgx.TextFormatCode {
+		return string(raw), nil
+	}
+	return bytes.Clone(raw), nil
+}
+
+// cutRaw stands for a value longer than maxCellBytes without decoding it:
+// text (any value sent as text, and the text types, json and xml in
+// binary) is cut as cut cuts a decoded string; a byte string is written
+// as its first maxCellBytes, as jsonValue writes a decoded one; any other
+// value (an array, a composite, a range) is the cut mark alone.
+func cutRaw(fd *pgconn.FieldDescription, raw []byte) any {
+	text := func(b []byte) any { return cutCell(cut(string(b[:min(len(b), maxCellBytes+utf8.UTFMax)]))) }
+	switch {
+	case fd.Format == pgx.TextFormatCode:
+		return text(raw)
+	case fd.DataTypeOID == pgtype.ByteaOID:
+		return raw[:maxCellBytes]
+	case fd.DataTypeOID == pgtype.JSONBOID && raw[0] == 1: // binary jsonb: a version byte, then text
+		return text(raw[1:])
+	}
+	switch fd.DataTypeOID {
+	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID, pgtype.JSONOID, pgtype.XMLOID, pgtype.UnknownOID:
+		return text(raw)
+	}
+	return cutCell(cutMark)
+}
+
+// throwawayConn is a heavy.Beginner that opens a connection of its own
+// for one transaction; close closes it.
 type throwawayConn struct {
-	pool *pgxpool.Pool
-	conn *pgxpool.Conn
+	connect func(context.Context) (*pgx.Conn, func(), error)
+	conn    *pgx.Conn
+	release func()
 }
 
 func (c *throwawayConn) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
-	pc, err := c.pool.Acquire(ctx)
+	conn, release, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c.conn = pc
-	return pc.BeginTx(ctx, opts)
+	c.conn, c.release = conn, release
+	return conn.BeginTx(ctx, opts)
 }
 
+// close closes the connection, if one was opened and is still open.
 func (c *throwawayConn) close() {
 	if c.conn == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = c.conn.Conn().Close(ctx)
-	c.conn.Release() // a closed connection is destroyed, not pooled
+	_ = c.conn.Close(ctx)
+	if c.release != nil {
+		c.release() // a closed pool connection is destroyed, not pooled
+	}
+	c.conn, c.release = nil, nil
 }
 
 // userSQLError reports whether the database refused the operator's
@@ -215,6 +326,8 @@ func jsonValue(v any) any {
 		return jsonFloat(x, x)
 	case string:
 		return cut(x)
+	case cutCell:
+		return string(x)
 	case []byte:
 		return base64.StdEncoding.EncodeToString(x[:min(len(x), maxCellBytes)])
 	case time.Time:
@@ -294,16 +407,8 @@ func cut(s string) string {
 	for !utf8.ValidString(s) && len(s) > 0 {
 		s = s[:len(s)-1]
 	}
-	return s + "…[cut]"
+	return s + cutMark
 }
 
-func approxSize(v any) int {
-	switch x := v.(type) {
-	case string:
-		return len(x) + 2
-	case json.RawMessage:
-		return len(x)
-	default:
-		return 8
-	}
-}
+// cutMark ends a value the console cut.
+const cutMark = "…[cut]"

@@ -15,7 +15,9 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/middleware/heavy"
+	mquota "github.com/pglimit/pglimit/middleware/quota"
 	"github.com/pglimit/pglimit/middleware/readroute"
+	"github.com/pglimit/pglimit/quota"
 )
 
 var (
@@ -64,11 +66,28 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	b, _ := heavy.FromContext(ctx)
+	// The day's export rows (-export-rows-per-day): reserve what the export
+	// may send before it starts, and settle by what it sent when it ends.
+	reserved, ok := a.reserveExportRows(w, r, b)
+	if !ok {
+		return
+	}
+	if reserved != nil && reserved.Refusal == nil && (b.Rows == 0 || reserved.Cost < int64(b.Rows)) {
+		// The export stops where the reservation ends: its mark then says
+		// bound=ROWS with the rows the quota had left.
+		b.Rows = int(reserved.Cost)
+		var cancel context.CancelFunc
+		ctx, cancel = heavy.NewContext(ctx, b)
+		defer cancel()
+	}
+	var mark heavy.Mark
+	defer func() { a.settleExportRows(r, reserved, mark.Rows) }()
+	// A client that stops reading cannot hold the permit for ever: every
+	// write of the stream has a deadline of its own (withWriteDeadline), so
+	// one that takes no bytes for writeStall fails, the handler returns,
+	// and the permit is released; a client that keeps reading keeps the
+	// export going up to its time bound.
 	rc := http.NewResponseController(w)
-	// A client that stops reading cannot hold the permit for ever: writes
-	// fail a little after the time bound, the handler returns, and the
-	// permit is released.
-	_ = rc.SetWriteDeadline(b.Deadline.Add(10 * time.Second))
 	cw := csv.NewWriter(w)
 	started, lagging := false, false
 	start := func() bool {
@@ -86,7 +105,6 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		_ = cw.Write([]string{"id", "occurred_at", "actor", "action", "target"})
 		return false
 	}
-	var mark heavy.Mark
 	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
 		lagging = mayLag
 		return heavy.Read(ctx, pool, func(tx pgx.Tx) error {
@@ -129,6 +147,61 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	a.recordExport(ctx, from, to, mark, "")
 }
 
+// reserveExportRows reserves, in the user's day of export rows, what the
+// export may send: min(what is left today, the export's row cap), read by
+// a peek and charged at once; when another replica spent some in between
+// the charge is refused and tried again with what its refusal says is
+// left. With nothing left it answers 429 quota-exhausted (or 503) and ok
+// is false. Without the quota it reserves nothing (nil). The reservation
+// is exact: an export never sends more than it reserved, so the day's
+// total never passes the quota.
+func (a *App) reserveExportRows(w http.ResponseWriter, r *http.Request, b heavy.Bounds) (*quota.Permit, bool) {
+	l := a.quotas.exportRows
+	if l == nil {
+		return nil, true
+	}
+	id, _ := IdentityFrom(r.Context())
+	key := quotaKey(id.Username)
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
+	st, err := l.Peek(ctx, key)
+	if err != nil {
+		a.quotaError(w, r, err)
+		return nil, false
+	}
+	left := st.Remaining
+	for try := 0; ; try++ {
+		want := max(left, 1) // nothing left: a charge of 1, refused with the quota's state
+		if b.Rows > 0 {
+			want = min(want, int64(b.Rows))
+		}
+		p, err := l.AcquireN(ctx, key, want)
+		var le *quota.LimitError
+		if errors.As(err, &le) && le.State.Remaining > 0 && try < 3 {
+			left = le.State.Remaining
+			continue
+		}
+		if err != nil {
+			a.quotaError(w, r, err)
+			return nil, false
+		}
+		mquota.SetHeaders(w.Header(), policyExportRows, p.State)
+		return p, true
+	}
+}
+
+// settleExportRows settles the export's reservation by the rows it sent
+// (a failed or stopped export: what it sent before it stopped), after the
+// request's context: the rows went out.
+func (a *App) settleExportRows(r *http.Request, p *quota.Permit, rows int) {
+	if p == nil || p.Refusal != nil {
+		return
+	}
+	if err := p.Settle(r.Context(), int64(rows)); err != nil {
+		a.log.WarnContext(r.Context(), "export rows not settled", "rows", rows, "reserved", p.Cost, "err", err)
+	}
+}
+
 // Reasons an export failed, as its audit.export event names them.
 const (
 	reasonClientGone  = "client-gone"          // the client went away
@@ -137,7 +210,8 @@ const (
 	reasonError       = "error"                // anything else; the log has the error
 )
 
-// exportFailure names why the export r failed with err.
+// exportFailure names why the export (or the reset) r failed with err, as
+// its audit event says.
 func exportFailure(r *http.Request, err error) string {
 	var we *writeError
 	c := classOf(r, err)

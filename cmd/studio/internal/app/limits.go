@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,11 +32,21 @@ type limitRow struct {
 }
 
 type throttleRow struct {
-	Key       string    `json:"key"`
+	Key string `json:"key"`
+	// Scope is what the key counts: "username" or "address" (the service
+	// keys each throttle with its scope's prefix).
+	Scope     string    `json:"scope"`
 	Failures  int32     `json:"failures"`
 	FirstAt   time.Time `json:"firstAt"`
 	LastAt    time.Time `json:"lastAt"`
 	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+// banRow is a key banned (-ban-after): until when, and since when.
+type banRow struct {
+	Key   string    `json:"key"`
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
 }
 
 type replicaRow struct {
@@ -64,6 +75,7 @@ type limitsResponse struct {
 	Throttles       []throttleRow `json:"throttles"`
 	UploadWindows   []limitRow    `json:"uploadWindows"`
 	InFlight        []limitRow    `json:"inFlight"`
+	Bans            []banRow      `json:"bans"`
 	Replicas        []replicaRow  `json:"replicas"`
 	ReadyReplicas   int           `json:"readyReplicas"`
 	InstallationCap int           `json:"installationCap"`
@@ -77,7 +89,27 @@ type limitsResponse struct {
 	DryRun []string `json:"dryRun"`
 	// Replica is the replica that answered.
 	Replica string `json:"replica"`
+	// ListMax bounds each list above (permits, throttles, upload windows,
+	// in flight, bans): at most this many rows, the latest to lapse first.
+	ListMax int `json:"listMax"`
+	// Totals are how many rows each bounded list has in all.
+	Totals listTotals `json:"totals"`
 }
+
+// listTotals count every live row of each bounded list of the operator
+// view; a list shows at most listMax of them.
+type listTotals struct {
+	Permits       int64 `json:"permits"`
+	Throttles     int64 `json:"throttles"`
+	UploadWindows int64 `json:"uploadWindows"`
+	InFlight      int64 `json:"inFlight"`
+	Bans          int64 `json:"bans"`
+}
+
+// listMax is how many rows each list of the operator view holds at most:
+// anyone may add throttle rows (a failed sign-in) and every user in-flight
+// and upload rows, so no list may grow with them.
+const listMax = 100
 
 // refusalMinutes is the span of the refusal chart.
 const refusalMinutes = 15
@@ -87,7 +119,7 @@ const refusalMinutes = 15
 // UNLOGGED tables are not replicated.
 func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	resp := &limitsResponse{
-		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Replicas: []replicaRow{},
+		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Bans: []banRow{}, Replicas: []replicaRow{},
 		InstallationCap: a.installationCap(), DryRun: []string{}, Replica: a.cfg.ReplicaName,
 	}
 	for _, n := range LimitNames {
@@ -99,14 +131,26 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 		healthy := a.router.Healthy()
 		resp.ReadReplica = &healthy
 	}
+	resp.ListMax = listMax
 	for _, kind := range []struct {
-		kind permit.Kind
-		into *[]limitRow
-	}{{permit.HeavyPermit, &resp.Permits}, {permit.UploadWindow, &resp.UploadWindows}, {permit.RequestInFlight, &resp.InFlight}} {
-		held, err := db.New().SlotList(ctx, a.primary, string(kind.kind))
+		kind  permit.Kind
+		into  *[]limitRow
+		total *int64
+	}{
+		{permit.HeavyPermit, &resp.Permits, &resp.Totals.Permits},
+		{permit.UploadWindow, &resp.UploadWindows, &resp.Totals.UploadWindows},
+		{permit.RequestInFlight, &resp.InFlight, &resp.Totals.InFlight},
+	} {
+		held, err := db.New().SlotListFirst(ctx, a.primary, &db.SlotListFirstParams{Kind: string(kind.kind), Max: listMax})
 		if err != nil {
 			return nil, err
 		}
+		if *kind.total, err = db.New().SlotCount(ctx, a.primary, string(kind.kind)); err != nil {
+			return nil, err
+		}
+		// Counted after the list: a row claimed between the two never
+		// makes the total smaller than the list.
+		*kind.total = max(*kind.total, int64(len(held)))
 		for _, h := range held {
 			*kind.into = append(*kind.into, limitRow{Scope: h.Scope, Slot: h.Slot, Holder: h.Holder, Endpoint: h.Endpoint,
 				Replica: h.Replica, ClaimedAt: h.ClaimedAt, ExpiresAt: h.ExpiresAt})
@@ -115,12 +159,27 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	if err := a.nameTokens(ctx, resp.InFlight); err != nil {
 		return nil, err
 	}
-	throttles, err := db.New().LoginAttemptList(ctx, a.primary)
+	throttles, err := db.New().LoginAttemptList(ctx, a.primary, listMax)
 	if err != nil {
 		return nil, err
 	}
+	if resp.Totals.Throttles, err = db.New().LoginAttemptCount(ctx, a.primary); err != nil {
+		return nil, err
+	}
+	resp.Totals.Throttles = max(resp.Totals.Throttles, int64(len(throttles)))
 	for _, t := range throttles {
-		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Failures: t.Failures, FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
+		resp.Throttles = append(resp.Throttles, throttleRow{Key: t.Key, Scope: throttleScope(t.Key), Failures: t.Failures, FirstAt: t.FirstAt, LastAt: t.LastAt, ExpiresAt: t.ExpiresAt})
+	}
+	bans, err := db.New().BanList(ctx, a.primary, listMax)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Totals.Bans, err = db.New().BanCount(ctx, a.primary); err != nil {
+		return nil, err
+	}
+	resp.Totals.Bans = max(resp.Totals.Bans, int64(len(bans)))
+	for _, b := range bans {
+		resp.Bans = append(resp.Bans, banRow{Key: b.Key, Since: b.BannedAt, Until: b.Until})
 	}
 	replicas, err := a.listReplicas(ctx)
 	if err != nil {
@@ -188,8 +247,9 @@ func (a *App) nameTokens(ctx context.Context, rows []limitRow) error {
 }
 
 // handleLimits is the operator view (GET /api/limits, operators only):
-// every live permit, throttle, upload window and in-flight row, as plain
-// rows of the limit tables, the replica registry, and every limit's
+// the live permits, throttles, upload windows, in-flight rows and bans, as plain
+// rows of the limit tables, at most listMax of each (the latest to lapse
+// first) with the count of each in totals, the replica registry, and every limit's
 // refusals per minute over the last 15 minutes. readReplicaHealthy says
 // whether the read replica (-read-replica-url) serves history reads now;
 // null without one.
@@ -202,4 +262,13 @@ func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// throttleScope is the scope of a sign-in throttle's key: "address" for
+// the client address's, "username" for the username's.
+func throttleScope(key string) string {
+	if strings.HasPrefix(key, "address:") {
+		return "address"
+	}
+	return "username"
 }

@@ -48,11 +48,16 @@ type liveView struct {
 	UploadLimit     int
 	UploadWindow    string
 	Throttles       []throttleRow
+	Bans            []banRow
 	SignInLimit     int
-	SignInWindow    string
-	Replicas        []replicaRow
-	ReadyReplicas   int
-	ReadReplica     string
+	// SignInAddressLimit is -sign-in-address-failures (0: off).
+	SignInAddressLimit int
+	SignInWindow       string
+	Replicas           []replicaRow
+	ReadyReplicas      int
+	ReadReplica        string
+	// More* are the rows each bounded list (listMax) left out.
+	MorePermits, MoreInFlight, MoreUploads, MoreThrottles, MoreBans int64
 }
 
 type refusalView struct {
@@ -135,7 +140,13 @@ func (a *App) live(w http.ResponseWriter, r *http.Request) (*liveView, bool) {
 		Replica: l.Replica, Now: time.Now(), Throttles: l.Throttles, Replicas: l.Replicas, ReadyReplicas: l.ReadyReplicas,
 		InstallationCap: l.InstallationCap, InFlight: l.InFlight, InFlightCap: a.cfg.TokenInFlight,
 		UploadLimit: a.cfg.UploadsPerHour, UploadWindow: formatWindow(a.cfg.UploadWindow),
-		SignInLimit: a.cfg.SignInFailures, SignInWindow: formatWindow(a.cfg.SignInWindow),
+		SignInLimit: a.cfg.SignInFailures, SignInAddressLimit: a.cfg.SignInAddressFailures, SignInWindow: formatWindow(a.cfg.SignInWindow),
+		MorePermits:   l.Totals.Permits - int64(len(l.Permits)),
+		MoreInFlight:  l.Totals.InFlight - int64(len(l.InFlight)),
+		MoreUploads:   l.Totals.UploadWindows - int64(len(l.UploadWindows)),
+		MoreThrottles: l.Totals.Throttles - int64(len(l.Throttles)),
+		Bans:          l.Bans,
+		MoreBans:      l.Totals.Bans - int64(len(l.Bans)),
 	}
 	if l.ReadReplica != nil {
 		v.ReadReplica = map[bool]string{true: "answers; history reads go to it", false: "does not answer; history reads go to the primary"}[*l.ReadReplica]

@@ -22,7 +22,8 @@ var auditPage = template.Must(template.New("audit").Funcs(template.FuncMap{
 }).Parse(auditHTML))
 
 // tokenCookie carries the API token of the HTML page; it is HttpOnly and
-// SameSite=Strict, and only the page reads it.
+// SameSite=Strict, Secure when the page was served over TLS, and only the
+// page reads it.
 const tokenCookie = "studio_token"
 
 type auditView struct {
@@ -115,7 +116,8 @@ func (a *App) handleAuditSignIn(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// pageSignIn takes an API token from a page's form, checks it (and that
+// pageSignIn takes an API token from a page's form (its route refuses a
+// cross-origin post: crossOrigin), checks it (and that
 // its user is an operator, when operatorOnly), keeps it in the cookie of
 // the page at path and sends the browser there; a token it cannot accept
 // shows the form again through form.
@@ -142,7 +144,11 @@ func (a *App) pageSignIn(w http.ResponseWriter, r *http.Request, path string, op
 		form(http.StatusForbidden, "That API token is not an operator's: this page is for operators only.")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: token, Path: path, HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 8 * 3600})
+	// Secure when this connection is TLS. A proxy's X-Forwarded-Proto is not
+	// believed: the service has no list of proxies it trusts, and anyone
+	// may send that header.
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: token, Path: path, HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil, MaxAge: 8 * 3600})
 	http.Redirect(w, r, path, http.StatusSeeOther)
 }
 

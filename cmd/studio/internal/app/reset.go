@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -15,7 +16,8 @@ import (
 
 // crossOrigin refuses a state-changing request that a browser says comes
 // from another site (Sec-Fetch-Site, Origin): an operator's reset may not
-// be forged by a page an operator happens to visit. (The page's cookie is
+// be forged by a page an operator happens to visit, nor a page's sign-in
+// form be posted by another site to sign the browser in as its attacker. (The page's cookie is
 // SameSite=Strict too; an API client with a bearer token sends neither
 // header and passes.)
 var crossOrigin = func() *http.CrossOriginProtection {
@@ -45,9 +47,8 @@ func (a *App) handleSignInResetForm(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// resetSignIn clears username's throttle (signin.Limiter.Reset: the row
-// goes and every replica forgets the refusal within a second) and records
-// the audit event limits.reset. It answers the request itself when it
+// resetSignIn clears username's throttle and records the audit event
+// limits.reset (resetThrottle). It answers the request itself when it
 // fails.
 func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username string) (int, bool) {
 	name := signin.NormalizeUsername(username)
@@ -55,15 +56,71 @@ func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username strin
 		badRequest(w, "invalid-username", "Invalid username", "Give the username whose sign-in throttle to clear.")
 		return 0, false
 	}
+	return a.resetThrottle(w, r, a.signin, "username:"+name, map[string]any{"limit": "sign-in", "username": name})
+}
+
+// handleSignInAddressReset is DELETE /api/limits/sign-in/address/{address}:
+// an operator clears a client address's sign-in throttle on every replica
+// (204), recorded as limits.reset as a username's is. The address is an
+// IPv4 or IPv6 address, or an IPv6 prefix as the throttle lists it
+// ("2001:db8:1:2::/64", no shorter than -ipv6-prefix); it is keyed as the
+// service keys a client (an IPv6 address stands for its prefix). Anything
+// else is 400 invalid-address; with -sign-in-address-failures 0, 404.
+func (a *App) handleSignInAddressReset(w http.ResponseWriter, r *http.Request) {
+	if a.signinAddr == nil {
+		problem.Write(w, &problem.Details{Slug: "not-found", Title: "Not found", Status: http.StatusNotFound,
+			Detail: "The sign-in throttle per client address is off (-sign-in-address-failures 0)."})
+		return
+	}
+	key, ok := a.addressKeyOf(r.PathValue("address"))
+	if !ok {
+		badRequest(w, "invalid-address", "Invalid address",
+			"Give the client address whose sign-in throttle to clear: an IPv4 or IPv6 address, or an IPv6 prefix as the throttle lists it.")
+		return
+	}
+	if _, ok := a.resetThrottle(w, r, a.signinAddr, "address:"+key, map[string]any{"limit": "sign-in-address", "address": key}); ok {
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// addressKeyOf is the client key of an address an operator typed: an
+// address without zone or port, or an IPv6 prefix at least -ipv6-prefix
+// long, keyed as clientKey keys a peer.
+func (a *App) addressKeyOf(s string) (string, bool) {
+	if s == "" || len(s) > 64 {
+		return "", false
+	}
+	if p, err := netip.ParsePrefix(s); err == nil {
+		if !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() < a.cfg.IPv6Prefix {
+			return "", false
+		}
+		s = p.Masked().Addr().String()
+	} else if addr, err := netip.ParseAddr(s); err != nil || addr.Zone() != "" {
+		return "", false
+	}
+	k := a.addrs.Key(s, nil)
+	return k, k != ""
+}
+
+// resetThrottle clears key's sign-in throttle in l (signin.Limiter.Reset:
+// the row goes and every replica forgets the refusal within a second) and
+// records the audit event limits.reset with event's members and the
+// failures, for every reset an operator asked for: of a key that had no
+// failures (failures 0), and of one that failed, with the reason
+// (client-gone, database-unavailable, error; the throttle may then be
+// cleared or not: Reset fails too when the row went but the replicas could
+// not be told). It answers the request itself when it fails.
+func (a *App) resetThrottle(w http.ResponseWriter, r *http.Request, l *signin.Limiter, key string, event map[string]any) (int, bool) {
 	ctx, cancel := dbContext(r.Context())
 	defer cancel()
-	failures, err := a.signin.Reset(ctx, "username:"+name)
-	if err != nil {
-		a.dbError(w, r, err)
-		return 0, false
-	}
+	failures, err := l.Reset(ctx, key)
 	id, _ := IdentityFrom(r.Context())
-	detail, _ := json.Marshal(map[string]any{"limit": "sign-in", "username": name, "failures": failures})
+	event["failures"] = failures
+	if err != nil {
+		event["failed"] = true
+		event["reason"] = exportFailure(r, err) // the same reasons as an export's
+	}
+	detail, _ := json.Marshal(event)
 	actx, acancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 	defer acancel()
 	if err := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
@@ -71,7 +128,11 @@ func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username strin
 	}); err != nil {
 		a.log.WarnContext(actx, "limits.reset event not recorded", "err", err)
 	}
-	a.log.InfoContext(r.Context(), "sign-in throttle reset", "operator", id.Username, "username", name, "failures", failures)
+	if err != nil {
+		a.dbError(w, r, err)
+		return 0, false
+	}
+	a.log.InfoContext(r.Context(), "sign-in throttle reset", "operator", id.Username, "key", key, "failures", failures)
 	return failures, true
 }
 

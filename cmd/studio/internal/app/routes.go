@@ -15,17 +15,23 @@ import (
 func (a *App) routes() http.Handler {
 	mux := http.NewServeMux()
 	ep := a.endpoints
-	// Every route with a token: authenticate, then count the request in
-	// the token's rate (a refusal there is the cheapest: one statement, no
-	// slot), then in its in-flight cap, then the route's own limits.
-	api := func(h http.Handler) http.Handler { return a.requireToken(a.rateLimited(a.inflight.Handler(h))) }
+	// Every route with a token: authenticate, then the deny list of its
+	// user and token (no statement), then count the request in the
+	// token's rate (a refusal there is the cheapest: one statement, no
+	// slot), then in its in-flight cap, then in its user's calendar quota
+	// (-api-quota: a request refused by a rate or the in-flight cap spends
+	// none of it), then the route's own limits. The deny list of the
+	// client address is in front of all of it (guarded).
+	api := func(h http.Handler) http.Handler {
+		return a.requireToken(a.denyByKey.Handler(a.rateLimited(a.inflight.Handler(a.quotaLimited(h)))))
+	}
 	heavyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler { return api(e.Handler(h)) }
 	// History reads may be served by the read replica.
 	historyRoute := func(e *heavy.Limiter, h http.HandlerFunc) http.Handler {
 		return api(e.Handler(a.router.Handler(h)))
 	}
 
-	mux.Handle("POST /api/session", a.signin.Handler(http.HandlerFunc(a.handleSession)))
+	mux.Handle("POST /api/session", a.addressLimited(a.signInLimited(http.HandlerFunc(a.handleSession))))
 	mux.Handle("POST /api/plugins", api(a.uploads.Handler(http.HandlerFunc(a.handlePlugin))))
 	mux.Handle("POST /api/sql", heavyRoute(ep.sqlConsole, a.handleConsole))
 	mux.Handle("GET /api/audit/export", historyRoute(ep.export, a.handleExport))
@@ -34,22 +40,30 @@ func (a *App) routes() http.Handler {
 	mux.Handle("GET /api/events", historyRoute(ep.events, a.eventHistory().handler(a)))
 	mux.Handle("GET /api/alerts", historyRoute(ep.alerts, a.alertHistory().handler(a)))
 	mux.Handle("GET /audit", a.pageToken(auditSignInForm, historyRoute(ep.audit, a.handleAuditPage)))
-	mux.HandleFunc("POST /audit", a.handleAuditSignIn)
+	mux.Handle("POST /audit", crossOrigin.Handler(http.HandlerFunc(a.handleAuditSignIn)))
 	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
 	mux.Handle("GET /api/limits", api(requireOperator(http.HandlerFunc(a.handleLimits))))
+	mux.Handle("POST /api/limits/rules", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleRuleAdd)))))
+	mux.Handle("GET /api/limits/rules", api(requireOperator(http.HandlerFunc(a.handleRuleList))))
+	mux.Handle("DELETE /api/limits/rules/{id}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleRuleRemove)))))
+	mux.Handle("DELETE /api/limits/bans/{key}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleBanLift)))))
 	mux.Handle("DELETE /api/limits/sign-in/{username}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInReset)))))
+	// {address...}: an IPv6 prefix as the throttle lists it has a slash.
+	mux.Handle("DELETE /api/limits/sign-in/address/{address...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInAddressReset)))))
+	mux.Handle("GET /api/limits/keys/{policy}", api(requireOperator(http.HandlerFunc(a.handleLimitKeys))))
+	mux.Handle("GET /api/limits/usage", api(http.HandlerFunc(a.handleLimitUsage)))
 	// The operator page: the page, its self-refreshing part, its form and
 	// its script.
 	mux.Handle("GET /limits", a.pageToken(limitsSignInForm, api(requireOperator(http.HandlerFunc(a.handleLimitsPage)))))
 	mux.Handle("GET /limits/live", a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleLimitsLive)))))
-	mux.HandleFunc("POST /limits", a.handleLimitsSignIn)
+	mux.Handle("POST /limits", crossOrigin.Handler(http.HandlerFunc(a.handleLimitsSignIn)))
 	mux.Handle("POST /limits/sign-in/reset", crossOrigin.Handler(a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleSignInResetForm))))))
 	mux.HandleFunc("GET /limits/refresh.js", handleLimitsScript)
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)
 	mux.Handle("GET /metrics", a.metricsHandler())
-	return problemMux{mux}
+	return a.guarded(problemMux{mux})
 }
 
 // readBounded runs fn in a bounded, read-only transaction on the pool read

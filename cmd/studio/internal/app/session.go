@@ -1,13 +1,16 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
@@ -29,24 +32,80 @@ type sessionRequest struct {
 	Password string `json:"password"`
 }
 
-// signInKey keys the sign-in throttle on the username of the JSON body,
-// normalised as signin's default key is, whatever the Content-Type says:
-// the service reads every JSON body that way (decodeJSON), and curl -d
-// sends a form type. A body that is not a JSON object with a username is
-// not identified: the throttle answers it 400 invalid-sign-in-request and
-// handleSession never runs.
-func signInKey(r *http.Request) (string, bool) {
-	var req struct {
-		Username *string `json:"username"`
+// maxSessionBody bounds a sign-in body, in the throttle (MaxBodyBytes:
+// 413 sign-in-request-too-large) and in handleSession alike.
+const maxSessionBody = 4096
+
+// parseSession reads a sign-in body as strictly as every JSON body of the
+// service (decodeJSON): valid UTF-8, one JSON object and nothing after it,
+// no member but username and password, both strings and both present.
+// ok is false for anything else.
+func parseSession(body []byte) (req sessionRequest, ok bool) {
+	if !utf8.Valid(body) {
+		return req, false
 	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Username == nil {
+	var v struct {
+		Username *string `json:"username"`
+		Password *string `json:"password"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil || v.Username == nil || v.Password == nil {
+		return req, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, false // trailing data
+	}
+	return sessionRequest{Username: *v.Username, Password: *v.Password}, true
+}
+
+// signInKey keys the sign-in throttle on the username of the body,
+// normalised as signin's default key is, whatever the Content-Type says
+// (the service reads every JSON body that way, and curl -d sends a form
+// type). The body must be a sign-in request handleSession accepts
+// (parseSession): a malformed one is not identified, so the throttle
+// answers it 400 invalid-sign-in-request before it writes anything, and
+// handleSession never runs. A parse laxer than the handler's would let
+// anyone fill the throttle table with rows of requests the handler
+// refuses without checking a password.
+func signInKey(r *http.Request) (string, bool) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
 		return "", false
 	}
-	username := signin.NormalizeUsername(*req.Username)
+	req, ok := parseSession(body)
+	if !ok {
+		return "", false
+	}
+	username := signin.NormalizeUsername(req.Username)
 	if username == "" {
 		return "", false
 	}
 	return "username:" + username, true
+}
+
+// signInAddressKey keys the address's sign-in throttle on the client
+// address (clientKey: the peer, or what a trusted proxy forwarded) of a
+// body signInKey accepts: a malformed one is not identified, and the
+// throttle answers it 400 before it writes anything.
+func (a *App) signInAddressKey(r *http.Request) (string, bool) {
+	if _, ok := signInKey(r); !ok {
+		return "", false
+	}
+	k, _ := a.clientKey(r)
+	return "address:" + k, true
+}
+
+// signInLimited wraps the sign-in handler in its throttles: the client
+// address's (when on) around the username's, so the address is asked
+// first and a sign-in the username refuses gives the address's attempt
+// back.
+func (a *App) signInLimited(next http.Handler) http.Handler {
+	h := a.signin.Handler(next)
+	if a.signinAddr != nil {
+		h = a.signinAddr.Handler(h)
+	}
+	return h
 }
 
 // handleSession signs in (POST /api/session) behind the sign-in throttle:
@@ -55,7 +114,7 @@ func signInKey(r *http.Request) (string, bool) {
 // here: the throttle answers it 400 invalid-sign-in-request).
 func (a *App) handleSession(w http.ResponseWriter, r *http.Request) {
 	var req sessionRequest
-	if !decodeJSON(w, r, &req, 4096) {
+	if !decodeJSON(w, r, &req, maxSessionBody) {
 		return
 	}
 	username := signin.NormalizeUsername(req.Username)

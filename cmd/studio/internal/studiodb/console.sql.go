@@ -9,6 +9,19 @@ import (
 	"context"
 )
 
+const ConsoleCanCreateRoles = `-- name: ConsoleCanCreateRoles :one
+SELECT coalesce((SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user), false)::boolean AS can
+`
+
+// Whether this service's role may make the console users' own roles
+// (CREATEROLE, or a superuser).
+func (q *Queries) ConsoleCanCreateRoles(ctx context.Context, db DBTX) (bool, error) {
+	row := db.QueryRow(ctx, ConsoleCanCreateRoles)
+	var can bool
+	err := row.Scan(&can)
+	return can, err
+}
+
 const ConsoleEnterRole = `-- name: ConsoleEnterRole :exec
 SELECT set_config('role', 'studio_console', true)
 `
@@ -16,6 +29,46 @@ SELECT set_config('role', 'studio_console', true)
 // SET LOCAL ROLE studio_console, for the rest of the transaction.
 func (q *Queries) ConsoleEnterRole(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, ConsoleEnterRole)
+	return err
+}
+
+const ConsoleLoginClaim = `-- name: ConsoleLoginClaim :one
+INSERT INTO console_login (username, role_name, password)
+VALUES ($1::text,
+        'studio_console_' || left(md5(current_database() || '/' || $1::text), 16),
+        md5(gen_random_uuid()::text) || md5(gen_random_uuid()::text))
+ON CONFLICT (username) DO UPDATE SET username = excluded.username
+RETURNING role_name, password
+`
+
+type ConsoleLoginClaimRow struct {
+	RoleName string
+	Password string
+}
+
+// The console login of a user of the service: their role's name (unique in
+// the cluster: it hashes this database's name with the user's) and its
+// password (244 random bits), made on first use. Replicas that claim one
+// user at once get the same row.
+func (q *Queries) ConsoleLoginClaim(ctx context.Context, db DBTX, username string) (*ConsoleLoginClaimRow, error) {
+	row := db.QueryRow(ctx, ConsoleLoginClaim, username)
+	var i ConsoleLoginClaimRow
+	err := row.Scan(&i.RoleName, &i.Password)
+	return &i, err
+}
+
+const ConsoleLoginRole = `-- name: ConsoleLoginRole :exec
+SELECT console_login_role($1::text, $2::text)
+`
+
+type ConsoleLoginRoleParams struct {
+	RoleName string
+	Password string
+}
+
+// Make (or make again) the role of a console login: see console_login_role.
+func (q *Queries) ConsoleLoginRole(ctx context.Context, db DBTX, arg *ConsoleLoginRoleParams) error {
+	_, err := db.Exec(ctx, ConsoleLoginRole, arg.RoleName, arg.Password)
 	return err
 }
 

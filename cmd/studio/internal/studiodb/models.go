@@ -44,6 +44,13 @@ type AuditEvent struct {
 	Detail     []byte
 }
 
+type ConsoleLogin struct {
+	Username  string
+	RoleName  string
+	Password  string
+	CreatedAt time.Time
+}
+
 type DemoSeed struct {
 	Name     string
 	SeededAt time.Time

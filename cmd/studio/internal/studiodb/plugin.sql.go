@@ -12,6 +12,7 @@ import (
 const PluginCreate = `-- name: PluginCreate :one
 INSERT INTO plugin (user_id, name, size, sha256, content)
 VALUES ($1::bigint, $2::text, $3::bigint, $4::text, $5::bytea)
+ON CONFLICT (user_id, sha256) DO NOTHING
 RETURNING id
 `
 
@@ -23,6 +24,12 @@ type PluginCreateParams struct {
 	Content []byte
 }
 
+// Stores a plugin unless the user already stored the same content (the
+// unique index plugin_user_sha256): a duplicate inserts nothing and returns
+// no row. A concurrent upload of the same content by the same user waits
+// here for the first one's transaction, then returns no row when it
+// committed. It runs in the transaction that also debits the user's plugin
+// bytes, so the plugin and its charge commit or roll back together.
 func (q *Queries) PluginCreate(ctx context.Context, db DBTX, arg *PluginCreateParams) (int64, error) {
 	row := db.QueryRow(ctx, PluginCreate,
 		arg.UserID,
