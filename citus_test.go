@@ -233,6 +233,9 @@ func TestOnCitus(t *testing.T) {
 		"SlotDeleteLapsedAll":             "housekeeping: every shard in one statement, once a minute",
 		"LoginAttemptDeleteLapsedAll":     "housekeeping: every shard in one statement, once a minute",
 		"APIRequestWindowDeleteLapsedAll": "housekeeping: every shard in one statement, once a minute",
+		"BanDeleteLapsedAll":              "housekeeping: every shard in one statement, once a minute",
+		"QuotaUsageDeleteLapsed":          "housekeeping of a coordinator table (quotas are not distributed)",
+		"QuotaLedgerDeleteLapsed":         "housekeeping of a coordinator table (quotas are not distributed)",
 	}
 	for name := range calls {
 		if _, ok := notDecisions[name]; !ok && !slices.Contains(router, name) {

@@ -597,8 +597,12 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 		}
 		tok := ts.upload[u]
 		for i := range lr.cfg.TokenInFlight {
+			// Every upload's content differs: the service refuses a plugin
+			// already stored (409 duplicate-plugin), which is not a limit.
+			var sent int
 			loop(func() {
-				body, ctype := plugin(fmt.Sprintf("lc-%s-%s-%d.jar", lr.run, u, i))
+				sent++
+				body, ctype := plugin(fmt.Sprintf("lc-%s-%s-%d-%d.jar", lr.run, u, i, sent))
 				r := lr.do(ctx, record{kind: kindUpload, user: u, token: tok.label}, http.MethodPost, "/api/plugins", tok.token, ctype, body)
 				if r.status == 201 {
 					lr.uploadOK.Add(1)
