@@ -54,6 +54,14 @@ func (p Policy) burst() int {
 	return p.Burst
 }
 
+// withLimit is p with Limit n (1..maxUnits) and its Burst scaled by the
+// same ratio, rounded up, within 1..maxUnits: an override of the limit.
+func (p Policy) withLimit(n int) Policy {
+	burst := (int64(p.burst())*int64(n) + int64(p.Limit) - 1) / int64(p.Limit)
+	p.Limit, p.Burst = n, int(min(max(burst, 1), maxUnits))
+	return p
+}
+
 // emission is the time one unit costs, in microseconds, rounded up.
 func (p Policy) emission() int64 {
 	w := p.Window.Microseconds()

@@ -130,6 +130,7 @@ import (
 	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/override"
 )
 
 // Defaults of Options.
@@ -209,10 +210,26 @@ type Options struct {
 	// an operator lifts it. Dry run neither counts nor refuses. Default
 	// nil: no bans.
 	Ban *ban.Bans
-	// BanKey gives the key a refusal is counted and a ban is kept under,
-	// from the limiter's key (so that several limiters and key kinds share
-	// one Bans without meeting: "address:" + key). Default: the key.
-	BanKey func(key string) string
+	// Overrides, when set, give keys their own limit under a policy (a
+	// customer's plan, changed while the service runs: package override):
+	// a key with an override in force under a policy's Name is judged
+	// with that Limit, and its Burst scaled by the same ratio (rounded up,
+	// at least 1); an override of 0 refuses every request of the key,
+	// without Retry-After, and one above 1,000,000 is 1,000,000. What the
+	// key spent before stays spent as the same share of its burst (the
+	// GCRA keeps time, not a count): a raised limit refills faster and
+	// admits the larger burst once the key is quiet, it does not forgive
+	// at once. Read from memory: no statement. A borrowed batch of a key
+	// whose limit changed is given back at the key's next request
+	// (TestOverrideAcrossReplicas, TestOverrideGivesBackBorrowedBatch).
+	// Default nil: none.
+	Overrides *override.Store
+	// QualifiedKey gives the name of the limiter's key outside the
+	// limiter: what a refusal is counted and a ban kept under, and what an
+	// override is looked up under (so that several limiters and key kinds
+	// share one Bans and one override.Store without meeting:
+	// "address:" + key). Default: the key.
+	QualifiedKey func(key string) string
 	// OnError writes every response the middleware writes itself: a
 	// refusal (*LimitError), a database that cannot be reached or timed
 	// out, an invalid policy. Default WriteError.
@@ -250,9 +267,11 @@ type Limiter struct {
 	sub    *bus.Subscription
 	memory *memo.Table[*refusal]
 	borrow *borrower
-	// bans is Options.Ban (nil: none), banKey Options.BanKey.
-	bans   *ban.Bans
-	banKey func(string) string
+	// bans is Options.Ban (nil: none), over Options.Overrides, qualify
+	// Options.QualifiedKey.
+	bans    *ban.Bans
+	over    *override.Store
+	qualify func(string) string
 	// generalOnly makes every decision use APIRequestWindowDecide (tests
 	// compare the two statements).
 	generalOnly bool
@@ -313,10 +332,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		policies: slices.Clone(opts.Policies), policyFunc: opts.PolicyFunc, cost: opts.Cost,
 		failOpen: opts.FailOpen, timeout: opts.Timeout,
 		onError: opts.OnError, log: opts.Logger, obs: obs, incidents: incidents,
-		bans: opts.Ban, banKey: opts.BanKey,
+		bans: opts.Ban, over: opts.Overrides, qualify: opts.QualifiedKey,
 	}
-	if l.banKey == nil {
-		l.banKey = func(k string) string { return k }
+	if l.qualify == nil {
+		l.qualify = func(k string) string { return k }
 	}
 	l.incident.init(l)
 	b := bus.For(pool)
@@ -455,10 +474,14 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies [
 	}
 	dryRun := l.obs.DryRun()
 	if l.bans != nil && !dryRun {
-		if until, banned := l.bans.Banned(ctx, l.banKey(key)); banned {
+		if until, banned := l.bans.Banned(ctx, l.qualify(key)); banned {
 			l.obs.BannedFromMemory(ctx, scopeKey)
 			return nil, &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: cost}
 		}
+	}
+	policies, nothing := l.overridden(key, policies)
+	if nothing != nil {
+		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: nothing, Limit: 0, Cost: cost})
 	}
 	if never := exceedsBurst(policies, cost); never != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
@@ -604,7 +627,7 @@ func (l *Limiter) toward(ctx context.Context, key string, e *LimitError) error {
 	if l.bans == nil || e.RetryAfter <= 0 || e.Banned {
 		return e
 	}
-	until, banned, err := l.bans.Refused(ctx, l.banKey(key))
+	until, banned, err := l.bans.Refused(ctx, l.qualify(key))
 	if err != nil {
 		l.errLog.Log(ctx, l.log, slog.LevelWarn, "ratelimit: a refusal was not counted toward its key's ban", "limit", l.name, "err", err)
 		return e
@@ -613,6 +636,36 @@ func (l *Limiter) toward(ctx context.Context, key string, e *LimitError) error {
 		return e
 	}
 	return &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: e.Cost}
+}
+
+// overridden returns policies with the limits Options.Overrides gives key
+// (policies itself when none applies), and the names of the policies
+// whose override allows nothing.
+func (l *Limiter) overridden(key string, policies []Policy) ([]Policy, []string) {
+	if l.over == nil {
+		return policies, nil
+	}
+	qualified := l.qualify(key)
+	var out []Policy
+	var nothing []string
+	for i, p := range policies {
+		n, ok := l.over.Limit(p.Name, qualified)
+		if !ok || n == int64(p.Limit) {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(policies)
+		}
+		if n == 0 {
+			nothing = append(nothing, p.Name)
+			continue
+		}
+		out[i] = p.withLimit(int(min(n, maxUnits)))
+	}
+	if out == nil {
+		return policies, nil
+	}
+	return out, nothing
 }
 
 // exceedsBurst names the policies whose Burst is below cost: a request of

@@ -52,7 +52,7 @@ func (a *App) setupAddress() error {
 			Burst: cfg.AddressBurst}},
 		Exempt:        rules.Allowed,
 		Ban:           a.bans,
-		BanKey:        addressBanKey,
+		QualifiedKey:  addressBanKey,
 		OnError:       a.addressError,
 		Logger:        a.log,
 		MeterProvider: a.meters,
