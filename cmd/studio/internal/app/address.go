@@ -53,6 +53,7 @@ func (a *App) setupAddress() error {
 		Exempt:        rules.Allowed,
 		Ban:           a.bans,
 		QualifiedKey:  addressBanKey,
+		Overrides:     a.overrides,
 		OnError:       a.addressError,
 		Logger:        a.log,
 		MeterProvider: a.meters,

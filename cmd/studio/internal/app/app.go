@@ -35,6 +35,7 @@ import (
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/nodelimit"
+	"github.com/pglimit/pglimit/override"
 	"github.com/pglimit/pglimit/problem"
 	"github.com/pglimit/pglimit/replica"
 )
@@ -64,9 +65,12 @@ type App struct {
 	denyByAddress *rules.Guard
 	denyByKey     *rules.Guard
 	bans          *ban.Bans // nil with -ban-after 0
-	endpoints     endpoints
-	quotas        quotas
-	pager         *cursor.Pager
+	// overrides are the keys' own limits (PUT /api/limits/overrides),
+	// read by the rates and the quotas.
+	overrides *override.Store
+	endpoints endpoints
+	quotas    quotas
+	pager     *cursor.Pager
 
 	meters   metric.MeterProvider
 	promReg  *prometheus.Registry
@@ -143,6 +147,9 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 		return nil, err
 	}
 	if err := a.setupBans(); err != nil {
+		return nil, err
+	}
+	if err := a.setupOverrides(ctx); err != nil {
 		return nil, err
 	}
 	if err := a.setupLimits(); err != nil {
@@ -327,6 +334,7 @@ func (a *App) setupLimits() error {
 		Borrow:        cfg.APIBorrow,
 		Exempt:        rules.Allowed,
 		Ban:           a.bans,
+		Overrides:     a.overrides,
 		OnError:       rateError("user"),
 		Logger:        a.log,
 		MeterProvider: a.meters,

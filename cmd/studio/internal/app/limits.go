@@ -71,14 +71,17 @@ type limitRefusalsJSON struct {
 }
 
 type limitsResponse struct {
-	Permits         []limitRow    `json:"permits"`
-	Throttles       []throttleRow `json:"throttles"`
-	UploadWindows   []limitRow    `json:"uploadWindows"`
-	InFlight        []limitRow    `json:"inFlight"`
-	Bans            []banRow      `json:"bans"`
-	Replicas        []replicaRow  `json:"replicas"`
-	ReadyReplicas   int           `json:"readyReplicas"`
-	InstallationCap int           `json:"installationCap"`
+	Permits       []limitRow    `json:"permits"`
+	Throttles     []throttleRow `json:"throttles"`
+	UploadWindows []limitRow    `json:"uploadWindows"`
+	InFlight      []limitRow    `json:"inFlight"`
+	Bans          []banRow      `json:"bans"`
+	// Overrides are the keys' own limits (at most listMax), by policy and
+	// key.
+	Overrides       []overrideJSON `json:"overrides"`
+	Replicas        []replicaRow   `json:"replicas"`
+	ReadyReplicas   int            `json:"readyReplicas"`
+	InstallationCap int            `json:"installationCap"`
 	// ReadReplica is whether the read replica answers its health check
 	// (history reads go to it while it does); null without one.
 	ReadReplica *bool `json:"readReplicaHealthy"`
@@ -180,6 +183,9 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	resp.Totals.Bans = max(resp.Totals.Bans, int64(len(bans)))
 	for _, b := range bans {
 		resp.Bans = append(resp.Bans, banRow{Key: b.Key, Since: b.BannedAt, Until: b.Until})
+	}
+	if resp.Overrides, err = a.listOverrides(ctx, listMax); err != nil {
+		return nil, err
 	}
 	replicas, err := a.listReplicas(ctx)
 	if err != nil {

@@ -49,6 +49,7 @@ type liveView struct {
 	UploadWindow    string
 	Throttles       []throttleRow
 	Bans            []banRow
+	Overrides       []overrideJSON
 	SignInLimit     int
 	// SignInAddressLimit is -sign-in-address-failures (0: off).
 	SignInAddressLimit int
@@ -146,6 +147,7 @@ func (a *App) live(w http.ResponseWriter, r *http.Request) (*liveView, bool) {
 		MoreUploads:   l.Totals.UploadWindows - int64(len(l.UploadWindows)),
 		MoreThrottles: l.Totals.Throttles - int64(len(l.Throttles)),
 		Bans:          l.Bans,
+		Overrides:     l.Overrides,
 		MoreBans:      l.Totals.Bans - int64(len(l.Bans)),
 	}
 	if l.ReadReplica != nil {

@@ -48,7 +48,7 @@ func (a *App) setupQuotas(ctx context.Context) error {
 			return nil, nil
 		}
 		l, err := quota.New(a.primary, quota.Options{Name: name, Limit: limit, Period: p, Location: loc, Durable: durable,
-			DryRun: cfg.DryRun[name], MeterProvider: a.meters, Logger: a.log})
+			Overrides: a.overrides, DryRun: cfg.DryRun[name], MeterProvider: a.meters, Logger: a.log})
 		if err != nil {
 			return nil, fmt.Errorf("quota %s: %w", name, err)
 		}

@@ -50,6 +50,9 @@ func (a *App) routes() http.Handler {
 	mux.Handle("DELETE /api/limits/sign-in/{username}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInReset)))))
 	// {address...}: an IPv6 prefix as the throttle lists it has a slash.
 	mux.Handle("DELETE /api/limits/sign-in/address/{address...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInAddressReset)))))
+	mux.Handle("PUT /api/limits/overrides/{policy}/{key...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleOverrideSet)))))
+	mux.Handle("DELETE /api/limits/overrides/{policy}/{key...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleOverrideRemove)))))
+	mux.Handle("GET /api/limits/overrides", api(requireOperator(http.HandlerFunc(a.handleOverrideList))))
 	mux.Handle("GET /api/limits/keys/{policy}", api(requireOperator(http.HandlerFunc(a.handleLimitKeys))))
 	mux.Handle("GET /api/limits/usage", api(http.HandlerFunc(a.handleLimitUsage)))
 	// The operator page: the page, its self-refreshing part, its form and
