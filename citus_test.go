@@ -236,6 +236,7 @@ func TestOnCitus(t *testing.T) {
 		"BanDeleteLapsedAll":              "housekeeping: every shard in one statement, once a minute",
 		"QuotaUsageDeleteLapsed":          "housekeeping of a coordinator table (quotas are not distributed)",
 		"QuotaLedgerDeleteLapsed":         "housekeeping of a coordinator table (quotas are not distributed)",
+		"AccessRuleDeleteLapsed":          "housekeeping of a coordinator table (the allow and deny lists are not distributed)",
 	}
 	for name := range calls {
 		if _, ok := notDecisions[name]; !ok && !slices.Contains(router, name) {

@@ -4,7 +4,9 @@
 // lapse at a time. A service denies what a deny rule matches before any
 // other work, and exempts what an allow rule matches from its rate limits
 // (middleware/rules is the HTTP side of both; middleware/ratelimit's
-// Options.Exempt takes the exemption).
+// Options.Exempt takes the exemption, as does middleware/signin's for an
+// address's sign-in throttle). Housekeeping deletes a rule once it has
+// lapsed.
 //
 // What it guarantees: the rules live in the LOGGED table
 // pglimit.access_rule (configuration: a crash of the database does not

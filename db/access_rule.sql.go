@@ -49,6 +49,32 @@ func (q *Queries) AccessRuleAdd(ctx context.Context, db DBTX, arg *AccessRuleAdd
 	return &i, err
 }
 
+const accessRuleDeleteLapsed = `-- name: AccessRuleDeleteLapsed :execrows
+DELETE FROM pglimit.access_rule
+WHERE id IN (
+    SELECT id FROM pglimit.access_rule
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1::int
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+// Housekeeping: deletes at most @batch rules whose expiry has passed. A
+// lapsed rule is in force nowhere already (AccessRuleLive never loads it,
+// and a replica stops matching it at its expiry without a reload), so the
+// delete changes no decision and notifies no replica: it only keeps the
+// table, which every replica reads whole on each reload, from growing
+// with rules that will never match again. The table is small and
+// unindexed but for its key: the sweep reads it whole, as a reload does.
+func (q *Queries) AccessRuleDeleteLapsed(ctx context.Context, db DBTX, batch int32) (int64, error) {
+	result, err := db.Exec(ctx, accessRuleDeleteLapsed, batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const accessRuleLive = `-- name: AccessRuleLive :many
 SELECT id, list, match, created_at, expires_at, clock_timestamp()::timestamptz AS now
 FROM pglimit.access_rule

@@ -1,7 +1,9 @@
 // Package housekeeping deletes the lapsed rows of pglimit's limit tables:
 // permits, in-flight and upload slots, sign-in throttles and request-rate
 // windows that nobody came back to, replicas that stopped heartbeating,
-// and refusals per minute older than an hour.
+// refusals per minute older than an hour, calendar quota periods that
+// ended, bans whose window and ban ended, and allow and deny rules
+// (package access) past their expiry.
 //
 // What it guarantees: every replica sweeps in the background while
 // pglimit.Run runs (every minute by default, RunOptions.Housekeeping), and
@@ -40,10 +42,11 @@ import (
 // once, unless another replica is sweeping, and returns the rows deleted
 // per table (every table, zero included): heavy_permit, request_in_flight,
 // upload_window, login_attempt, replica, api_request_window,
-// refusal_minute and ban. It returns a nil map when another replica held the
-// housekeeping lock and this one left the sweep to it. On an error the rows
-// deleted so far are in the map. It logs through slog.Default and counts
-// through otel.GetMeterProvider.
+// refusal_minute, quota_usage, quota_ledger, ban and access_rule (the
+// allow and deny lists' rules past their expiry). It returns a nil map
+// when another replica held the housekeeping lock and this one left the
+// sweep to it. On an error the rows deleted so far are in the map. It logs
+// through slog.Default and counts through otel.GetMeterProvider.
 func Sweep(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 	h, err := housekeep.New(pool, housekeep.Options{})
 	if err != nil {

@@ -283,3 +283,134 @@ func TestSignInAddressResetBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestSignInAddressAllowList: the allow list exempts a client address from
+// the address's sign-in throttle, over two replicas with
+// -sign-in-address-failures 3. Without a rule, 127.0.0.1 has 3 wrong
+// passwords judged (401) and is then refused (429 scope address) by both
+// replicas. Within 10 s of an operator's allow rule for 127.0.0.1/32 (a
+// second on a quiet machine; logged) both replicas judge its sign-ins
+// again: 12 more wrong passwords over 12 usernames, far past the limit,
+// are all 401, bob's right password is 200, and the observer, the
+// database's login_attempt, still holds 3 failures for the address: the
+// allowed sign-ins were neither refused nor counted. Another address on
+// no list (127.0.0.2) meanwhile is held to its 3. Within 10 s of the
+// rule's removal both replicas refuse 127.0.0.1 again. Every allowed
+// sign-in is a decision of limit sign-in-address with outcome exempt in
+// the replicas' metrics.
+func TestSignInAddressAllowList(t *testing.T) {
+	t.Parallel()
+	procs, url := studio(t, 2, "-address-rate", "0", "-sign-in-address-failures", "3", "-sign-in-window", "10m")
+	const limit = 3
+	obs := pgtest.Pool(t, url, 1)
+	addrFailures := func(addr string) (n int) {
+		t.Helper()
+		if err := obs.QueryRow(context.Background(),
+			`SELECT coalesce((SELECT failures FROM pglimit.login_attempt WHERE key = $1), 0)`, "address:"+addr).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	seq := 0
+	wrong := func(i int, from string) *response {
+		t.Helper()
+		seq++
+		return signInFrom(t, from, procs[i].URL, fmt.Sprintf("allowlist-%s-%d", from, seq), "Winter2026!")
+	}
+	// exempted counts the sign-ins from 127.0.0.1 judged after it was
+	// throttled: each was exempt.
+	exempted := 0
+	// waitBoth polls each replica with wrong passwords from 127.0.0.1
+	// until one is answered as want says, for at most 10 s after since.
+	waitBoth := func(what string, want func(*response) bool, since time.Time) {
+		t.Helper()
+		for i := range procs {
+			for {
+				r := wrong(i, clientIP)
+				if r.Status == http.StatusUnauthorized {
+					exempted++
+				}
+				if want(r) {
+					break
+				}
+				if time.Since(since) > 10*time.Second {
+					t.Fatalf("replica %d: %s not seen %v after the change: %d %s", i, what, time.Since(since), r.Status, r.Body)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		t.Logf("%s on both replicas %v after the change", what, time.Since(since).Round(time.Millisecond))
+	}
+	refusedByAddress := func(r *response) bool {
+		return r.Status == http.StatusTooManyRequests && scopeOf(t, r) == "address"
+	}
+
+	// No rule: held to the limit, then refused by both replicas.
+	for i := range limit {
+		if r := wrong(i%2, clientIP); r.Status != http.StatusUnauthorized {
+			t.Fatalf("wrong password %d without a rule: %d %s", i, r.Status, r.Body)
+		}
+	}
+	for i := range procs {
+		if r := wrong(i, clientIP); !refusedByAddress(r) {
+			t.Fatalf("replica %d: past the limit without a rule: %d %s, want 429 scope address", i, r.Status, r.Body)
+		}
+	}
+
+	// The allow rule: judged again, uncounted.
+	start := time.Now()
+	added := call(t, http.MethodPost, procs[0].URL+"/api/limits/rules", "alice-token", map[string]any{"list": "allow", "match": "127.0.0.1/32"})
+	if added.Status != http.StatusCreated {
+		t.Fatalf("add the allow rule: %d %s", added.Status, added.Body)
+	}
+	rule := added.json(t)
+	waitBoth("the allowed address judged", func(r *response) bool { return r.Status == http.StatusUnauthorized }, start)
+	for i := range 12 {
+		r := wrong(i%2, clientIP)
+		if r.Status != http.StatusUnauthorized {
+			t.Fatalf("allowed, wrong password %d (%d past the limit): %d %s, want 401", i, i+1, r.Status, r.Body)
+		}
+		exempted++
+	}
+	for i, p := range procs {
+		if r := signInFrom(t, clientIP, p.URL, "bob", "studio"); r.Status != http.StatusOK {
+			t.Errorf("replica %d: bob from the allowed address: %d %s", i, r.Status, r.Body)
+		}
+		exempted++
+	}
+	if n := addrFailures(clientIP); n != limit {
+		t.Errorf("the allowed address has %d failures in login_attempt, want still %d", n, limit)
+	}
+	// Another address on no list: held to its limit all along.
+	for i := range limit + 2 {
+		r := wrong(i%2, proxyIP)
+		if i < limit && r.Status != http.StatusUnauthorized {
+			t.Fatalf("127.0.0.2, wrong password %d: %d %s", i, r.Status, r.Body)
+		}
+		if i >= limit && !refusedByAddress(r) {
+			t.Errorf("127.0.0.2, on no list, past its limit: %d %s, want 429 scope address", r.Status, r.Body)
+		}
+	}
+	if n := addrFailures(proxyIP); n != limit {
+		t.Errorf("127.0.0.2 has %d failures, want %d", n, limit)
+	}
+
+	// The rule removed: refused again by both replicas.
+	start = time.Now()
+	if r := call(t, http.MethodDelete, fmt.Sprintf("%s/api/limits/rules/%v", procs[1].URL, rule["id"]), "alice-token", nil); r.Status != http.StatusNoContent {
+		t.Fatalf("remove the allow rule: %d %s", r.Status, r.Body)
+	}
+	waitBoth("the address refused again", refusedByAddress, start)
+	if n := addrFailures(clientIP); n != limit {
+		t.Errorf("after the rule's removal the address has %d failures, want %d", n, limit)
+	}
+
+	var got int64
+	for _, p := range procs {
+		got += sums(t, string(call(t, http.MethodGet, p.URL+"/metrics", "", nil).Body), "pglimit_decisions_total", "limit", "outcome")["sign-in-address exempt"]
+	}
+	t.Logf("%d sign-ins from the allowed address judged past its limit of %d; %d decisions of sign-in-address with outcome exempt", exempted, limit, got)
+	if got != int64(exempted) {
+		t.Errorf("%d decisions of sign-in-address with outcome exempt, want %d (one per allowed sign-in)", got, exempted)
+	}
+}

@@ -46,7 +46,7 @@ const MetricDeleted = "pglimit.housekeeping.deleted"
 
 // Tables are the limit tables swept, in the order they are swept (the
 // slot tables first, in one statement).
-var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban"}
+var Tables = []string{"heavy_permit", "request_in_flight", "upload_window", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban", "access_rule"}
 
 // Options configure a Housekeeper. The zero value is ready to use.
 type Options struct {
@@ -232,6 +232,13 @@ var sweepers = []sweeper{
 			n, err = q.BanDeleteLapsed(ctx, tx, batch)
 		}
 		return map[string]int64{"ban": n}, err
+	},
+	// The allow and deny lists stay on the Citus coordinator too: batches
+	// everywhere. A lapsed rule is in force nowhere already; deleting it
+	// tells no replica.
+	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
+		n, err := q.AccessRuleDeleteLapsed(ctx, tx, batch)
+		return map[string]int64{"access_rule": n}, err
 	},
 }
 

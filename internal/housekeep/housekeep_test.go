@@ -95,6 +95,14 @@ func fill(t testing.TB, pool *pgxpool.Pool, lapsed, live int) {
 			FROM generate_series(1, $1) AS g`, kind, exp, exp), n); err != nil {
 			t.Fatal(err)
 		}
+		// The allow and deny lists' rules: a live one lapses in an hour
+		// (one that never lapses is TestSweep's, in package housekeeping).
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`
+			INSERT INTO pglimit.access_rule (list, match, created_at, expires_at)
+			SELECT 'deny', '%s-' || g, now() - interval '2 hours', %s
+			FROM generate_series(1, $1) AS g`, kind, exp), n); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -114,6 +122,7 @@ func keys(t testing.TB, pool *pgxpool.Pool) map[string][]string {
 		"quota_usage":        `SELECT key FROM pglimit.quota_usage`,
 		"quota_ledger":       `SELECT key FROM pglimit.quota_ledger`,
 		"ban":                `SELECT key FROM pglimit.ban`,
+		"access_rule":        `SELECT match FROM pglimit.access_rule`,
 	} {
 		rows, err := pool.Query(context.Background(), from)
 		if err != nil {
@@ -249,8 +258,9 @@ func (tr *deleteTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 }
 
 // TestBatchesAreBounded: with a batch of 10 and 35 lapsed rows in every
-// table, login_attempt, replica, api_request_window, refusal_minute and ban are swept by
-// statements deleting 10, 10, 10 and 5 rows, and the three slot tables
+// table, login_attempt, replica, api_request_window, refusal_minute,
+// quota_usage, quota_ledger, ban and access_rule are swept by statements
+// deleting 10, 10, 10 and 5 rows, and the three slot tables
 // (105 rows, one statement on their parent) by 11 statements.
 func TestBatchesAreBounded(t *testing.T) {
 	t.Parallel()
@@ -275,7 +285,7 @@ func TestBatchesAreBounded(t *testing.T) {
 		t.Fatalf("result (-want +got):\n%s", diff)
 	}
 	want := map[string][]int64{}
-	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed", "RefusalMinuteDeleteLapsed", "QuotaUsageDeleteLapsed", "QuotaLedgerDeleteLapsed", "BanDeleteLapsed"} {
+	for _, name := range []string{"LoginAttemptDeleteLapsed", "ReplicaDeleteLapsed", "APIRequestWindowDeleteLapsed", "RefusalMinuteDeleteLapsed", "QuotaUsageDeleteLapsed", "QuotaLedgerDeleteLapsed", "BanDeleteLapsed", "AccessRuleDeleteLapsed"} {
 		want[name] = []int64{10, 10, 10, 5}
 	}
 	slots := tr.deletes["SlotDeleteLapsed"]
@@ -427,7 +437,7 @@ func logDeletes(t testing.TB, pool *pgxpool.Pool) {
 		`CREATE TABLE public.delete_log (xid xid8 NOT NULL DEFAULT pg_current_xact_id(), at timestamptz NOT NULL DEFAULT clock_timestamp())`,
 		`CREATE FUNCTION public.log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.delete_log DEFAULT VALUES; RETURN NULL; END $$`,
 	}
-	for _, table := range []string{"slot", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban"} {
+	for _, table := range []string{"slot", "login_attempt", "replica", "api_request_window", "refusal_minute", "quota_usage", "quota_ledger", "ban", "access_rule"} {
 		for _, when := range []string{"BEFORE", "AFTER"} {
 			stmts = append(stmts, fmt.Sprintf(`CREATE TRIGGER log_delete_%s %s DELETE ON pglimit.%s FOR EACH STATEMENT EXECUTE FUNCTION public.log_delete()`,
 				strings.ToLower(when), when, table))

@@ -2,7 +2,8 @@
 // access): a Guard answers a request on the deny list 403 problem+json of
 // type ...:denied before any other work, and marks one on the allow list
 // so that the limiters after it exempt it (Allowed; middleware/ratelimit's
-// Options.Exempt).
+// Options.Exempt, and so its bans; middleware/signin's Options.Exempt for
+// an address's sign-in throttle).
 //
 // What it guarantees: a request whose client address or any of whose keys
 // a deny rule matches never reaches next; deny wins over allow. The lists

@@ -33,9 +33,19 @@ import (
 // goes out; if it cannot be recorded the client gets 503 instead. A request
 // without a key is refused 400 invalid-sign-in-request (errNoKey through
 // OnError) and next never runs: a password the throttle cannot count is
-// never checked.
+// never checked. A request Options.Exempt exempts goes to next at once,
+// uncounted, with a Permit that counts nothing (Permit.Exempt).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.exempt != nil && l.exempt(r) {
+			l.obs.Exempted(r.Context(), l.kind)
+			p := &Permit{l: l, exempt: true}
+			if outer, ok := FromContext(r.Context()); ok {
+				p.outer = outer
+			}
+			next.ServeHTTP(w, r.WithContext(newContext(r.Context(), p)))
+			return
+		}
 		body, err := readBody(w, r, l.maxBody)
 		if err != nil {
 			var tooLarge *http.MaxBytesError

@@ -36,6 +36,17 @@
 // signing in to it between sprays. Both are strict under a parallel burst
 // and hold across replicas; Reset clears either.
 //
+// # The allow list
+//
+// Options.Exempt lets the sign-ins it names through uncounted and never
+// refused, counted in pglimit.decisions with outcome "exempt": give the
+// address's Limiter middleware/rules.Allowed, and the sign-ins from a
+// client address an operator allowed (an office behind one NAT address, a
+// monitoring probe) are neither counted nor refused by the address's
+// throttle. Give it to the address's Limiter only: a username's throttle
+// that exempted would let an allowed client guess one account's password
+// without end.
+//
 // # Strict by default
 //
 // Password guessing is parallel by nature, so the throttle reserves each
@@ -253,6 +264,19 @@ type Options struct {
 	// recorded and its success clears the key's failures, as any other.
 	// Default false.
 	DryRun bool
+	// Exempt, when set, lets a sign-in request for which it returns true
+	// through to the handler uncounted: no statement, no reservation, its
+	// failure not counted and its key never refused, even when throttled
+	// — counted in pglimit.decisions with outcome "exempt". It is the
+	// allow list's exemption (middleware/rules.Allowed), as
+	// middleware/ratelimit's Options.Exempt. It runs before the body is
+	// read and before Key. The handler still finds a Permit in its context
+	// (FromContext; Permit.Exempt reports true), whose reports count
+	// nothing here but reach a Limiter wrapped around this one; a Limiter
+	// inside this one (a username's inside an address's) judges the
+	// request as usual. Acquire, which takes a key and no request, never
+	// asks it. Default: none is exempt.
+	Exempt func(*http.Request) bool
 }
 
 // The scopes of Options.Scope and LimitError.Scope.
@@ -282,6 +306,7 @@ type Limiter struct {
 	max           int
 	window        time.Duration
 	key           func(*http.Request) (string, bool)
+	exempt        func(*http.Request) bool
 	maxBody       int64
 	strict        bool
 	timeout       time.Duration
@@ -362,7 +387,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	}
 	l := &Limiter{
 		pool: pool, q: db.New(), name: opts.Name, scope: opts.Scope, kind: kind, keepOnSuccess: opts.Scope == scopeAddress, max: opts.Limit, window: opts.Window, key: opts.Key,
-		maxBody: opts.MaxBodyBytes, strict: !opts.Lenient, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
+		exempt: opts.Exempt, maxBody: opts.MaxBodyBytes, strict: !opts.Lenient, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
 		obs: obs, defaultKey: defaultKey,
 	}
 	b := bus.For(pool)
@@ -448,6 +473,7 @@ type Permit struct {
 	prior    int32       // live failures the read saw (normal mode, and a dry-run refusal)
 	reserved bool        // the attempt was reserved (strict mode)
 	refusal  *LimitError // dry run: the refusal the attempt would have had
+	exempt   bool        // Options.Exempt exempted the request: nothing is counted
 	// outer is the Permit of the Limiter wrapped around this one's
 	// Handler (an address's around a username's): an outcome reported
 	// here is reported there too.
@@ -460,6 +486,11 @@ type Permit struct {
 // Refusal is, in dry run, the refusal this sign-in would have had: the key
 // is throttled, and the attempt goes on unreserved. Nil when it fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
+
+// Exempt reports whether Options.Exempt exempted this sign-in: the
+// Limiter counts none of its outcomes (a Limiter wrapped around it still
+// does).
+func (p *Permit) Exempt() bool { return p != nil && p.exempt }
 
 // Acquire begins a sign-in attempt of key, for callers that are not HTTP
 // handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
@@ -698,7 +729,7 @@ func (p *Permit) Fail(ctx context.Context) error {
 }
 
 func (p *Permit) fail(ctx context.Context) error {
-	if p.reserved {
+	if p.reserved || p.exempt {
 		return nil
 	}
 	ctx, cancel := p.writeCtx(ctx)

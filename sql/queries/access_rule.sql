@@ -29,3 +29,20 @@ SELECT id, list, match, created_at, expires_at, clock_timestamp()::timestamptz A
 FROM pglimit.access_rule
 WHERE expires_at IS NULL OR expires_at > now()
 ORDER BY id;
+
+-- name: AccessRuleDeleteLapsed :execrows
+-- Housekeeping: deletes at most @batch rules whose expiry has passed. A
+-- lapsed rule is in force nowhere already (AccessRuleLive never loads it,
+-- and a replica stops matching it at its expiry without a reload), so the
+-- delete changes no decision and notifies no replica: it only keeps the
+-- table, which every replica reads whole on each reload, from growing
+-- with rules that will never match again. The table is small and
+-- unindexed but for its key: the sweep reads it whole, as a reload does.
+DELETE FROM pglimit.access_rule
+WHERE id IN (
+    SELECT id FROM pglimit.access_rule
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT @batch::int
+    FOR UPDATE SKIP LOCKED
+);

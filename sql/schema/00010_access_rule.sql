@@ -14,8 +14,9 @@
 -- Unlike the limit tables it is LOGGED: the rules are configuration an
 -- operator wrote, and a crash of the database must not lift a deny list.
 -- It is small (each replica reads it whole on every reload), so it has no
--- index but its key; a lapsed rule is never loaded again and stays until
--- an operator removes it (GET lists only the rules in force).
+-- index but its key; a lapsed rule is never loaded again, and
+-- housekeeping deletes it (AccessRuleDeleteLapsed; GET lists only the
+-- rules in force).
 -- (Number 00010: 00009 is taken by the ban table of another branch.)
 CREATE TABLE pglimit.access_rule (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -286,10 +286,14 @@ func (a *App) setupLimits() error {
 		return err
 	}
 	if cfg.SignInAddressFailures > 0 {
+		// An address on the allow list is exempt from its throttle (the
+		// guard by address in front of every route marked it; a sign-in
+		// has no user yet), not from the username's.
 		a.signinAddr, err = signin.New(a.primary, signin.Options{
 			Name:          "sign-in-address",
 			Scope:         "address",
 			Key:           a.signInAddressKey,
+			Exempt:        rules.Allowed,
 			MaxBodyBytes:  maxSessionBody,
 			Limit:         cfg.SignInAddressFailures,
 			Window:        cfg.SignInWindow,
