@@ -123,6 +123,9 @@ type Bans struct {
 
 	mu  sync.RWMutex
 	mem map[string]time.Time // stored key → end of its ban on this replica's clock
+	// changes counts the bans this replica learnt or forgot itself (under
+	// mu): a read of every ban that began before one of them is stale.
+	changes uint64
 
 	// offset is the database clock minus this replica's, in nanoseconds,
 	// from the latest statement.
@@ -351,11 +354,13 @@ func (b *Bans) put(stored string, until time.Time) {
 		}
 	}
 	b.mem[stored] = until
+	b.changes++
 }
 
 func (b *Bans) forget(stored string) {
 	b.mu.Lock()
 	delete(b.mem, stored)
+	b.changes++
 	b.mu.Unlock()
 }
 
@@ -417,6 +422,9 @@ func (b *Bans) reload() error {
 	defer cancel()
 	for range 3 {
 		seq := b.sub.Seq()
+		b.mu.RLock()
+		changes := b.changes
+		b.mu.RUnlock()
 		epoch, live := b.bus.Epoch(), b.bus.Live()
 		sent := time.Now()
 		rows, err := b.q.BanList(ctx, b.pool, maxMemory)
@@ -435,7 +443,9 @@ func (b *Bans) reload() error {
 			mem[r.Key] = b.local(r.Until)
 		}
 		b.mu.Lock()
-		if b.sub.Seq() != seq {
+		// A notification, or a ban made or lifted here (Lift), while the
+		// statement ran: what it read may be older; read again.
+		if b.sub.Seq() != seq || b.changes != changes {
 			b.mu.Unlock()
 			continue
 		}
