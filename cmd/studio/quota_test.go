@@ -436,3 +436,32 @@ func TestQuotaFlagsStartUp(t *testing.T) {
 		}
 	}
 }
+
+// TestExportRowsQuotaDryRun: with -dry-run export-rows the quota refuses
+// and shortens no export: with a day of 1,500 rows and a row cap of 1,000,
+// every export sends its 1,000 rows; the first is charged (its
+// reservation fits, settled to the rows sent), the second would pass the
+// day and is counted dry-run-refused and charged nothing, and
+// /api/limits/usage says the rows charged.
+func TestExportRowsQuotaDryRun(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 2, "-export-rows-per-day", "1500", "-export-rows", "1000", "-dry-run", "export-rows",
+		"-api-rate", "0", "-token-in-flight", "100")
+	for i := range 3 {
+		r := call(t, http.MethodGet, procs[i%2].URL+"/api/audit/export", "bob-token", nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("export %d in dry run: %d %s", i+1, r.Status, r.Body)
+		}
+		if n := exportRows(t, r); n != 1000 {
+			t.Fatalf("export %d in dry run sent %d rows, want its cap of 1000", i+1, n)
+		}
+	}
+	if u := usage(t, procs[1].URL, "bob-token", "bob"); u["exportRows"] != float64(1000) {
+		t.Fatalf("usage after three exports in dry run %v, want exportRows 1000 (the one that fitted)", u)
+	}
+	m := regexp.MustCompile(`pglimit_decisions_total\{[^}]*limit="export-rows"[^}]*outcome="dry-run-refused"[^}]*\} (\d+)`).
+		FindSubmatch(call(t, http.MethodGet, procs[0].URL+"/metrics", "", nil).Body)
+	if m == nil || string(m[1]) == "0" {
+		t.Errorf("/metrics of replica-1 counts no dry-run-refused export-rows decision")
+	}
+}

@@ -72,7 +72,7 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if reserved != nil && reserved.Refusal == nil && (b.Rows == 0 || reserved.Cost < int64(b.Rows)) {
+	if reserved != nil && reserved.Refusal == nil && !a.cfg.DryRun[policyExportRows] && (b.Rows == 0 || reserved.Cost < int64(b.Rows)) {
 		// The export stops where the reservation ends: its mark then says
 		// bound=ROWS with the rows the quota had left.
 		b.Rows = int(reserved.Cost)
@@ -154,7 +154,10 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 // left. With nothing left it answers 429 quota-exhausted (or 503) and ok
 // is false. Without the quota it reserves nothing (nil). The reservation
 // is exact: an export never sends more than it reserved, so the day's
-// total never passes the quota.
+// total never passes the quota. In dry run (-dry-run export-rows) the
+// export reserves its whole row cap: it is charged when that fits, counted
+// and logged as dry-run-refused (and charged nothing) when it does not,
+// and never stopped short by the quota.
 func (a *App) reserveExportRows(w http.ResponseWriter, r *http.Request, b heavy.Bounds) (*quota.Permit, bool) {
 	l := a.quotas.exportRows
 	if l == nil {
@@ -164,6 +167,15 @@ func (a *App) reserveExportRows(w http.ResponseWriter, r *http.Request, b heavy.
 	key := quotaKey(id.Username)
 	ctx, cancel := dbContext(r.Context())
 	defer cancel()
+	if a.cfg.DryRun[policyExportRows] {
+		p, err := l.AcquireN(ctx, key, int64(max(b.Rows, 1))) // a cap of 0 (none): one row stands for it
+		if err != nil {
+			a.quotaError(w, r, err)
+			return nil, false
+		}
+		mquota.SetHeaders(w.Header(), policyExportRows, p.State)
+		return p, true
+	}
 	st, err := l.Peek(ctx, key)
 	if err != nil {
 		a.quotaError(w, r, err)
