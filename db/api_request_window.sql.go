@@ -461,6 +461,55 @@ func (q *Queries) APIRequestWindowGiveBack(ctx context.Context, db DBTX, arg *AP
 	return result.RowsAffected(), nil
 }
 
+const aPIRequestWindowKeys = `-- name: APIRequestWindowKeys :many
+SELECT key, policies, tats, now()::timestamptz AS now
+FROM pglimit.api_request_window
+WHERE name = $1::text AND key > $2::text AND expires_at > now()
+ORDER BY key
+LIMIT $3::int
+`
+
+type APIRequestWindowKeysParams struct {
+	Name  string
+	After string
+	Max   int32
+}
+
+type APIRequestWindowKeysRow struct {
+	Key      string
+	Policies []string
+	Tats     []time.Time
+	Now      time.Time
+}
+
+// The keys of one limiter whose state still counts, in key order after
+// @after, at most @max of them, with the database's clock: looking
+// without spending (ratelimit.Limiter.Keys).
+func (q *Queries) APIRequestWindowKeys(ctx context.Context, db DBTX, arg *APIRequestWindowKeysParams) ([]*APIRequestWindowKeysRow, error) {
+	rows, err := db.Query(ctx, aPIRequestWindowKeys, arg.Name, arg.After, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*APIRequestWindowKeysRow
+	for rows.Next() {
+		var i APIRequestWindowKeysRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.Policies,
+			&i.Tats,
+			&i.Now,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const aPIRequestWindowList = `-- name: APIRequestWindowList :many
 SELECT key, policies, tats, allowed, decided_at, expires_at
 FROM pglimit.api_request_window

@@ -2,6 +2,8 @@ package main_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -178,5 +180,81 @@ func TestOverridesBadInput(t *testing.T) {
 		if !bytes.Contains(list.Body, []byte(want)) {
 			t.Errorf("GET /api/limits/overrides lacks %s: %s", want, list.Body)
 		}
+	}
+}
+
+// TestRateKeysPaged: GET /api/limits/keys/address lists the client
+// addresses the address rate has counted, 100 a page with next, over two
+// replicas: 150 addresses forwarded by the trusted proxy, address N
+// having sent N%3+1 requests of a burst of 5, are listed once each across
+// two pages, as address:ADDR with the limit and the remaining burst
+// (5 - sent), and reading them consumes nothing. GET
+// /api/limits/keys/api lists the users the API rate counted.
+func TestRateKeysPaged(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 2, "-trusted-proxies", proxyIP+"/32", "-address-rate", "1/h", "-address-burst", "5",
+		"-api-rate", "1/h", "-api-burst", "50", "-token-in-flight", "100")
+	ctx := context.Background()
+	sent := map[string]int{}
+	for n := range 150 {
+		addr := fmt.Sprintf("198.51.%d.%d", 100+n/100, n%100+1)
+		sent["address:"+addr] = n%3 + 1
+		for i := range n%3 + 1 {
+			r, err := sendFrom(ctx, proxyIP, http.MethodGet, procs[(n+i)%2].URL+"/api/audit", addr, "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != http.StatusUnauthorized {
+				t.Fatalf("%s: %d %s (want the 401 of a request without a token, counted)", addr, r.Status, r.Body)
+			}
+		}
+	}
+	for round := range 2 {
+		seen := map[string]bool{}
+		pages := 0
+		for after := ""; ; pages++ {
+			url := procs[round].URL + "/api/limits/keys/address"
+			if after != "" {
+				url += "?after=" + after
+			}
+			r := call(t, http.MethodGet, url, "alice-token", nil)
+			if r.Status != http.StatusOK {
+				t.Fatalf("%s: %d %s", url, r.Status, r.Body)
+			}
+			var page struct {
+				Items []struct {
+					Key       string
+					Limit     int64
+					Remaining int64
+					Reset     time.Time
+				}
+				Next *string
+			}
+			if err := jsonUnmarshal(r.Body, &page); err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Items) > 100 {
+				t.Fatalf("a page of %d keys", len(page.Items))
+			}
+			for _, it := range page.Items {
+				want, ok := sent[it.Key]
+				if !ok || seen[it.Key] || it.Limit != 1 || it.Remaining != int64(5-want) || it.Reset.IsZero() {
+					t.Fatalf("round %d: %+v (sent %d, seen before %v)", round, it, want, seen[it.Key])
+				}
+				seen[it.Key] = true
+			}
+			if page.Next == nil {
+				break
+			}
+			after = *page.Next
+		}
+		if len(seen) != 150 || pages != 1 {
+			t.Fatalf("round %d: %d addresses over %d pages, want 150 over 2", round, len(seen), pages+1)
+		}
+	}
+	call(t, http.MethodGet, procs[0].URL+"/api/limits/usage", "bob-token", nil)
+	r := call(t, http.MethodGet, procs[1].URL+"/api/limits/keys/api", "alice-token", nil)
+	if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte(`"key":"user:bob","limit":1,"remaining":49`)) {
+		t.Fatalf("keys of api: %d %s", r.Status, r.Body)
 	}
 }

@@ -383,6 +383,56 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
+// KeyState is a key's state under a Limiter's policies, as Keys reads it.
+type KeyState struct {
+	// Key is the key as the table stores it: the key itself, or
+	// "sha256:" and the hex of its digest when it is longer than 200
+	// bytes or not valid UTF-8.
+	Key string
+	// Policies are the key's state under each of Options.Policies (its
+	// override's limit where it has one) that the key has spent in.
+	Policies []PolicyState
+}
+
+// maxKeys bounds one page of Keys.
+const maxKeys = 1000
+
+// Keys lists the keys whose state still counts (they spent within their
+// policies' tolerance), in key order after the key after ("" for the
+// first page), at most max (1 to 1,000), each with its remaining and
+// reset under Options.Policies, read in one statement and consuming
+// nothing. Units a replica borrowed and has not spent count as spent. A
+// Limiter with PolicyFunc and no Options.Policies has no policies to judge
+// a key by: Keys returns an error matching ErrInvalidPolicy.
+func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]KeyState, error) {
+	if max < 1 || max > maxKeys {
+		return nil, fmt.Errorf("ratelimit: keys: max %d is not between 1 and %d", max, maxKeys)
+	}
+	if len(l.policies) == 0 {
+		return nil, policyError("Keys judges keys by Options.Policies, which is empty")
+	}
+	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	rows, err := l.q.APIRequestWindowKeys(ctx, l.pool, &db.APIRequestWindowKeysParams{Name: l.name, After: after, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: keys: %w", dberr.OwnTimeout(ctx, err))
+	}
+	out := make([]KeyState, 0, len(rows))
+	for _, r := range rows {
+		policies, _ := l.overridden(r.Key, l.policies)
+		ks := KeyState{Key: r.Key}
+		for _, p := range policies {
+			if i := slices.Index(r.Policies, p.Name); i >= 0 && i < len(r.Tats) {
+				ks.Policies = append(ks.Policies, stateOf(p, r.Now.UnixMicro(), r.Tats[i].UnixMicro()))
+			}
+		}
+		if len(ks.Policies) > 0 {
+			out = append(out, ks)
+		}
+	}
+	return out, nil
+}
+
 // Flush gives back the units this replica borrowed and has not spent
 // (Options.Borrow), so other replicas may spend them: call it when the
 // replica shuts down. Without borrowing it does nothing.

@@ -208,6 +208,16 @@ WHERE name = @name::text AND expires_at > now()
 ORDER BY decided_at DESC, key
 LIMIT @max_rows::int;
 
+-- name: APIRequestWindowKeys :many
+-- The keys of one limiter whose state still counts, in key order after
+-- @after, at most @max of them, with the database's clock: looking
+-- without spending (ratelimit.Limiter.Keys).
+SELECT key, policies, tats, now()::timestamptz AS now
+FROM pglimit.api_request_window
+WHERE name = @name::text AND key > @after::text AND expires_at > now()
+ORDER BY key
+LIMIT @max::int;
+
 -- name: APIRequestWindowDeleteLapsed :execrows
 -- Housekeeping: deletes at most @batch rows whose every TAT has passed (a
 -- sequential scan: the table has no index on expires_at, see its

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	mquota "github.com/pglimit/pglimit/middleware/quota"
+	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/problem"
 	"github.com/pglimit/pglimit/quota"
 )
@@ -126,25 +127,24 @@ type quotaKeyJSON struct {
 // 404; an after that is not a next of this route is 400 invalid-cursor.
 func (a *App) handleLimitKeys(w http.ResponseWriter, r *http.Request) {
 	policy := r.PathValue("policy")
+	if rl, ok := map[string]*ratelimit.Limiter{"api": a.rate, "address": a.addrRate}[policy]; ok {
+		a.rateKeys(w, r, policy, rl)
+		return
+	}
 	l, known := map[string]*quota.Limiter{
 		policyQuota: a.quotas.api, policyExportRows: a.quotas.exportRows, policyPluginBytes: a.quotas.pluginBytes,
 	}[policy]
 	if !known || l == nil {
-		detail := fmt.Sprintf("No quota is named %q: the policies are quota, export-rows and plugin-bytes.", truncate(policy, 64))
+		detail := fmt.Sprintf("No policy is named %q: the policies are api, address, quota, export-rows and plugin-bytes.", truncate(policy, 64))
 		if known {
 			detail = fmt.Sprintf("The quota %s is off on this installation.", policy)
 		}
 		problem.Write(w, &problem.Details{Slug: "unknown-policy", Title: "Unknown policy", Status: http.StatusNotFound, Detail: detail})
 		return
 	}
-	after := ""
-	if vals, ok := r.URL.Query()["after"]; ok {
-		raw, err := base64.RawURLEncoding.DecodeString(vals[0])
-		if len(vals) != 1 || vals[0] == "" || len(vals[0]) > 1024 || err != nil || !utf8.Valid(raw) {
-			badRequest(w, "invalid-cursor", "Invalid cursor", "after takes the next member of the previous page, as it was given.")
-			return
-		}
-		after = string(raw)
+	after, ok := keysAfter(w, r)
+	if !ok {
+		return
 	}
 	ctx, cancel := dbContext(r.Context())
 	defer cancel()
@@ -162,6 +162,63 @@ func (a *App) handleLimitKeys(w http.ResponseWriter, r *http.Request) {
 	items := make([]quotaKeyJSON, len(states))
 	for i, s := range states {
 		items[i] = quotaKeyJSON{Key: s.Key, Limit: s.Limit, Remaining: s.Remaining, Reset: s.Reset}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items, "next": next})
+}
+
+// keysAfter is the after parameter of GET /api/limits/keys/{policy}: the
+// key a page starts after ("" for the first), or false after answering
+// 400 invalid-cursor.
+func keysAfter(w http.ResponseWriter, r *http.Request) (string, bool) {
+	vals, ok := r.URL.Query()["after"]
+	if !ok {
+		return "", true
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(vals[0])
+	if len(vals) != 1 || vals[0] == "" || len(vals[0]) > 1024 || err != nil || !utf8.Valid(raw) {
+		badRequest(w, "invalid-cursor", "Invalid cursor", "after takes the next member of the previous page, as it was given.")
+		return "", false
+	}
+	return string(raw), true
+}
+
+// rateKeys is GET /api/limits/keys/{policy} of the rates api and address
+// (nil when its flag is 0: 404): the keys whose rate state still counts,
+// as the overrides and bans name them (user:NAME, address:ADDR), with
+// the limit, the remaining burst and when one more request is available
+// (reset), consuming nothing.
+func (a *App) rateKeys(w http.ResponseWriter, r *http.Request, policy string, l *ratelimit.Limiter) {
+	if l == nil {
+		problem.Write(w, &problem.Details{Slug: "unknown-policy", Title: "Unknown policy", Status: http.StatusNotFound,
+			Detail: fmt.Sprintf("The rate %s is off on this installation.", policy)})
+		return
+	}
+	after, ok := keysAfter(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := dbContext(r.Context())
+	defer cancel()
+	states, err := l.Keys(ctx, after, keysPage+1)
+	if err != nil {
+		a.dbError(w, r, err)
+		return
+	}
+	var next *string
+	if len(states) > keysPage {
+		states = states[:keysPage]
+		n := base64.RawURLEncoding.EncodeToString([]byte(states[keysPage-1].Key))
+		next = &n
+	}
+	now := time.Now()
+	items := make([]quotaKeyJSON, 0, len(states))
+	for _, s := range states {
+		key := s.Key
+		if policy == "address" {
+			key = addressBanKey(key)
+		}
+		p := s.Policies[0]
+		items = append(items, quotaKeyJSON{Key: key, Limit: int64(p.Limit), Remaining: int64(p.Remaining), Reset: now.Add(p.Reset).UTC().Truncate(time.Millisecond)})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": items, "next": next})
 }
