@@ -225,3 +225,32 @@ func TestNoGRPCInLibraryModule(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingImportsTheRoot: the root package is the front door only. No
+// other package of the library module imports it, its in-package tests
+// included (only external tests and examples use it, as an adopter does):
+// the names it shares with them (ErrLimited, Class, Classify, MaxLimit)
+// live in internal/vocab, which the root re-exports.
+func TestNothingImportsTheRoot(t *testing.T) {
+	t.Parallel()
+	const root = "github.com/pglimit/pglimit"
+	out, err := exec.Command("go", "list", "-f",
+		"{{.ImportPath}}{{range .Imports}} {{.}}{{end}}{{range .TestImports}} {{.}}{{end}}", "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 20 {
+		t.Fatalf("go list named %d packages: it listed nothing useful\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		fields := strings.Fields(line)
+		pkg := fields[0]
+		if pkg == root || strings.HasPrefix(pkg, root+"/examples/") {
+			continue
+		}
+		if slices.Contains(fields[1:], root) {
+			t.Errorf("%s imports the root package %s", pkg, root)
+		}
+	}
+}

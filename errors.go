@@ -1,28 +1,28 @@
 package pglimit
 
-import (
-	"context"
-	"errors"
+import "github.com/pglimit/pglimit/internal/vocab"
 
-	"github.com/pglimit/pglimit/internal/dberr"
-)
+// The names of this file are defined in internal/vocab, the leaf every
+// package of the library imports for them (none imports this package);
+// here they are re-exported, the same values, for adopters.
 
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
 // *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
-// *signin.LimitError and *ratelimit.LimitError. Use errors.As with the package's LimitError for its
-// fields (the limit, the scope, when to retry).
-var ErrLimited = errors.New("pglimit: limit reached")
+// *signin.LimitError, *ratelimit.LimitError and *quota.LimitError. Use
+// errors.As with the package's LimitError for its fields (the limit, the
+// scope, when to retry).
+var ErrLimited = vocab.ErrLimited
 
 // Class is what kind of failure a database error is, as Classify tells it.
 // Its value is its name, ready for a log line or a metric attribute.
-type Class string
+type Class = vocab.Class
 
 const (
 	// ClassNone is no error at all.
-	ClassNone Class = "none"
+	ClassNone Class = vocab.ClassNone
 	// ClassCanceled is the caller's context canceled: a client went away.
 	// It is not a server error and is not logged as one.
-	ClassCanceled Class = "canceled"
+	ClassCanceled Class = vocab.ClassCanceled
 	// ClassUnavailable is a database that cannot be reached: a failed
 	// connect, a broken connection, a server shutting down or starting up,
 	// too many connections, a primary that became read-only in a failover
@@ -30,13 +30,13 @@ const (
 	// rolled back (40001, 40P01), or a limiter's own Timeout option
 	// expired while it connected or waited: the database cannot decide
 	// now. Answer 503 with Retry-After; it passes.
-	ClassUnavailable Class = "unavailable"
+	ClassUnavailable Class = vocab.ClassUnavailable
 	// ClassTimeout is a statement stopped at its time bound:
 	// statement_timeout (SQLSTATE 57014) or a context deadline.
-	ClassTimeout Class = "timeout"
+	ClassTimeout Class = vocab.ClassTimeout
 	// ClassOther is any other error: a bug, a constraint, a syntax error.
 	// Answer 500 and log it; never send its text to a client.
-	ClassOther Class = "other"
+	ClassOther Class = vocab.ClassOther
 )
 
 // Classify tells what kind of failure err is, for every error pglimit
@@ -48,18 +48,4 @@ const (
 // serialization failure or deadlock (40001, 40P01), a network error or a
 // closed connection (unavailable).
 // Everything else is ClassOther.
-func Classify(err error) Class {
-	switch {
-	case err == nil:
-		return ClassNone
-	case errors.Is(err, context.Canceled):
-		return ClassCanceled
-	case dberr.IsOwnTimeout(err), dberr.IsConnectError(err):
-		return ClassUnavailable
-	case dberr.IsTimeout(err):
-		return ClassTimeout
-	case dberr.IsUnavailable(err):
-		return ClassUnavailable
-	}
-	return ClassOther
-}
+func Classify(err error) Class { return vocab.Classify(err) }

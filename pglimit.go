@@ -57,14 +57,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
 // MaxLimit is the largest cap any pglimit limit accepts (a heavy
 // endpoint's per-key cap and its installation cap, a token's requests in
 // flight, uploads per window, failed sign-ins per window, a permit scope's
-// slots). Every package refuses a larger one in New.
-const MaxLimit = 10000
+// slots). Every package refuses a larger one in New. (Defined in
+// internal/vocab with ErrLimited and Classify; re-exported here.)
+const MaxLimit = vocab.MaxLimit
 
 // Migrate brings pool's database to pglimit's latest schema: every table
 // in the PostgreSQL schema pglimit (created here), goose's version table

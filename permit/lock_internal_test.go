@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // TestStalledTurnFailsAsUnavailable: when a claim judged under the scope
@@ -43,8 +43,8 @@ func TestStalledTurnFailsAsUnavailable(t *testing.T) {
 	l.mu.Unlock()
 	_, err = l.Claim(ctx, c)
 	var pg *pgconn.PgError
-	if !errors.As(err, &pg) || pg.Code != "55P03" || pglimit.Classify(err) != pglimit.ClassUnavailable {
-		t.Fatalf("claim whose turn never came: %v (class %s), want lock_timeout's 55P03, unavailable", err, pglimit.Classify(err))
+	if !errors.As(err, &pg) || pg.Code != "55P03" || vocab.Classify(err) != vocab.ClassUnavailable {
+		t.Fatalf("claim whose turn never came: %v (class %s), want lock_timeout's 55P03, unavailable", err, vocab.Classify(err))
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pglimit.heavy_permit`).Scan(&n); err != nil {

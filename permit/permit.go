@@ -78,10 +78,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/citus"
 	"github.com/pglimit/pglimit/internal/procname"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // Kind names the partition of pglimit.slot a Leaser keeps its slots in; the
@@ -104,7 +104,7 @@ const answerWait = time.Second
 
 // maxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
 // of every cap in every package.
-const maxCap = pglimit.MaxLimit
+const maxCap = vocab.MaxLimit
 
 // Defaults of Options.
 const (

@@ -63,10 +63,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/override"
 )
 
@@ -285,7 +285,7 @@ func (e *LimitError) Error() string {
 }
 
 // Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
+func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
 // ErrInvalidCost is returned, wrapped, for a negative cost or one above
 // MaxLimit, and for a settle of a negative or absurd actual cost.

@@ -13,9 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/override"
+	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
@@ -138,7 +139,7 @@ func TestCalendarPeriods(t *testing.T) {
 			}
 			_, err = l.AcquireN(ctx, "k", 7)
 			var le *LimitError
-			if !errors.As(err, &le) || !errors.Is(err, pglimit.ErrLimited) {
+			if !errors.As(err, &le) || !errors.Is(err, vocab.ErrLimited) {
 				t.Fatalf("7 more of 10 with 4 used: %v, want a LimitError", err)
 			}
 			if want := c.end.Sub(c.at); le.RetryAfter != want {
@@ -236,7 +237,7 @@ func TestSettleBound(t *testing.T) {
 			for range 40 {
 				p, err := l.AcquireN(ctx, "u", estimate)
 				if err != nil {
-					if !errors.Is(err, pglimit.ErrLimited) {
+					if !errors.Is(err, vocab.ErrLimited) {
 						t.Error(err)
 					}
 					continue
@@ -263,7 +264,7 @@ func TestSettleBound(t *testing.T) {
 	if st.Used > bound || st.Used < limit {
 		t.Fatalf("use %d outside [%d, %d]", st.Used, limit, bound)
 	}
-	if _, err := limiters[1].Acquire(ctx, "u"); !errors.Is(err, pglimit.ErrLimited) {
+	if _, err := limiters[1].Acquire(ctx, "u"); !errors.Is(err, vocab.ErrLimited) {
 		t.Fatalf("a key past its limit was admitted: %v", err)
 	}
 }
@@ -495,7 +496,7 @@ func TestChargeTxSurvivesACrash(t *testing.T) {
 	c := pgtest.Cluster(t)
 	ctx := context.Background()
 	pool := pgtest.Pool(t, c.URL("postgres"), 4)
-	if err := pglimit.Migrate(ctx, pool); err != nil {
+	if err := schema.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	ledger := newLimiter(t, pool, Options{Name: "billing", Limit: 100, Durable: true})

@@ -17,12 +17,12 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/access"
 	"github.com/pglimit/pglimit/ban"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
@@ -162,10 +162,10 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	}
 	// Failures never reach the limit (the path moves to a new key every
 	// failuresPerKey): every attempt is recorded.
-	if s.failure, err = signin.New(pool, signin.Options{Lenient: true, Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
+	if s.failure, err = signin.New(pool, signin.Options{Lenient: true, Limit: vocab.MaxLimit, Logger: quiet}); err != nil {
 		return nil, err
 	}
-	if s.strict, err = signin.New(pool, signin.Options{Limit: pglimit.MaxLimit, Logger: quiet}); err != nil {
+	if s.strict, err = signin.New(pool, signin.Options{Limit: vocab.MaxLimit, Logger: quiet}); err != nil {
 		return nil, err
 	}
 	if s.upload, err = upload.New(pool, upload.Options{
@@ -440,7 +440,7 @@ func (s *Suite) Limits() []Path {
 				_, _ = s.refuse.Acquire(context.Background(), key)
 				return func(ctx context.Context) error {
 					_, err := s.refuse.Acquire(ctx, key)
-					if errors.Is(err, pglimit.ErrLimited) {
+					if errors.Is(err, vocab.ErrLimited) {
 						return nil
 					}
 					if err == nil {

@@ -17,7 +17,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/observe"
 )
 
@@ -99,22 +98,23 @@ func join(set attribute.Set, keys ...string) string {
 }
 
 // Refusals are the refusals of the last 15 minutes by limit, as
-// pglimit.Refusals reads them from the installation's table: "name" for
-// refused, "name dry-run" for dry-run-refused.
+// pglimit.Refusals reads them (through observe.Recent) from the
+// installation's table: "name" for refused, "name dry-run" for
+// dry-run-refused.
 func Refusals(t testing.TB, pool *pgxpool.Pool) map[string]int64 {
 	t.Helper()
-	m, err := pglimit.Refusals(context.Background(), pool, 15)
+	m, err := observe.Recent(context.Background(), pool, 15)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]int64{}
-	for name := range m.Refused {
+	for _, l := range m.Limits {
 		for i := range m.Minutes {
-			if n := m.Refused[name][i]; n > 0 {
-				out[name] += n
+			if n := l.Refused[i]; n > 0 {
+				out[l.Name] += n
 			}
-			if n := m.DryRunRefused[name][i]; n > 0 {
-				out[name+" dry-run"] += n
+			if n := l.DryRunRefused[i]; n > 0 {
+				out[l.Name+" dry-run"] += n
 			}
 		}
 	}

@@ -10,8 +10,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -29,9 +29,9 @@ const (
 // 500 without the error's text otherwise.
 func Error(w http.ResponseWriter, r *http.Request, err error, slug, detail string) {
 	switch Class(r.Context(), err) {
-	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
+	case vocab.ClassUnavailable, vocab.ClassTimeout:
 		Unavailable(w, r, slug, detail)
-	case pglimit.ClassCanceled:
+	case vocab.ClassCanceled:
 		// Nothing useful can reach a client that went away.
 	default:
 		problem.Internal(w, r)
@@ -58,11 +58,11 @@ func BadRequest(w http.ResponseWriter, slug, title, detail string) {
 
 // Class is pglimit.Classify(err), except that work whose caller's ctx was
 // canceled is ClassCanceled whatever err says.
-func Class(ctx context.Context, err error) pglimit.Class {
+func Class(ctx context.Context, err error) vocab.Class {
 	if dberr.IsCanceled(ctx, err) {
-		return pglimit.ClassCanceled
+		return vocab.ClassCanceled
 	}
-	return pglimit.Classify(err)
+	return vocab.Classify(err)
 }
 
 // Database is Error with the 503 database-unavailable.
@@ -78,9 +78,9 @@ func Log(ctx context.Context, log *slog.Logger, msg string, err error, args ...a
 	c := Class(ctx, err)
 	args = append(args, "class", string(c), "err", err)
 	switch c {
-	case pglimit.ClassCanceled:
+	case vocab.ClassCanceled:
 		log.DebugContext(ctx, "request canceled: the client went away", append(args, "during", msg)...)
-	case pglimit.ClassUnavailable, pglimit.ClassTimeout:
+	case vocab.ClassUnavailable, vocab.ClassTimeout:
 		log.WarnContext(ctx, msg, args...)
 	default:
 		log.ErrorContext(ctx, msg, args...)

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/permit"
 )
 
@@ -86,8 +86,8 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 
 // CheckCap reports a cap outside 1..pglimit.MaxLimit, naming the field.
 func CheckCap(pkg, field string, n int) error {
-	if n < 1 || n > pglimit.MaxLimit {
-		return fmt.Errorf("%s: %s %d outside 1..pglimit.MaxLimit (%d)", pkg, field, n, pglimit.MaxLimit)
+	if n < 1 || n > vocab.MaxLimit {
+		return fmt.Errorf("%s: %s %d outside 1..pglimit.MaxLimit (%d)", pkg, field, n, vocab.MaxLimit)
 	}
 	return nil
 }
@@ -133,7 +133,7 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) 
 // Fail answers a request whose claim failed: a failure that is not a
 // refusal is logged first, then onError writes the answer.
 func (l *Limiter) Fail(w http.ResponseWriter, r *http.Request, err error, onError func(http.ResponseWriter, *http.Request, error)) {
-	if !errors.Is(err, pglimit.ErrLimited) {
+	if !errors.Is(err, vocab.ErrLimited) {
 		respond.Log(r.Context(), l.Log, l.Pkg+": claim failed", err, "limit", l.Name)
 	}
 	onError(w, r, err)

@@ -66,9 +66,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/slots"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -228,7 +228,7 @@ func (e *LimitError) Error() string {
 }
 
 // Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
+func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
 // Permit is a granted heavy request.
 type Permit struct {

@@ -19,10 +19,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/sfv"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/problem"
 	engine "github.com/pglimit/pglimit/quota"
 )
@@ -157,7 +157,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	switch {
-	case respond.Class(r.Context(), err) == pglimit.ClassCanceled:
+	case respond.Class(r.Context(), err) == vocab.ClassCanceled:
 	case errors.Is(err, engine.ErrInvalidCost):
 		problem.Internal(w, r)
 	default:

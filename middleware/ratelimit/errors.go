@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -62,20 +62,20 @@ func (e *LimitError) Error() string {
 }
 
 // Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
+func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
 // isCanceled reports whether err ended a decision because the caller's
 // context was canceled: a client that went away, not a failure.
 func isCanceled(ctx context.Context, err error) bool {
-	return respond.Class(ctx, err) == pglimit.ClassCanceled
+	return respond.Class(ctx, err) == vocab.ClassCanceled
 }
 
 // isUnavailable reports whether err is a database that cannot be reached
 // or did not answer in time (pglimit.ClassUnavailable or ClassTimeout):
 // what FailOpen covers and what is answered 503.
 func isUnavailable(err error) bool {
-	c := pglimit.Classify(err)
-	return c == pglimit.ClassUnavailable || c == pglimit.ClassTimeout
+	c := vocab.Classify(err)
+	return c == vocab.ClassUnavailable || c == vocab.ClassTimeout
 }
 
 // writeBanned writes a banned key's refusal (e.Banned): 429 banned with

@@ -16,9 +16,9 @@ import (
 	"golang.org/x/text/cases"
 	"golang.org/x/text/unicode/norm"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // Handler throttles the sign-in handler next. For each request it buffers
@@ -62,7 +62,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		p, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			if !errors.Is(err, pglimit.ErrLimited) {
+			if !errors.Is(err, vocab.ErrLimited) {
 				respond.Log(r.Context(), l.log, "signin: check failed", err, "limit", l.name)
 			}
 			l.onError(w, r, err)

@@ -152,7 +152,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
@@ -161,6 +160,7 @@ import (
 	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -346,8 +346,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Limit == 0 {
 		opts.Limit = defaultLimit
 	}
-	if opts.Limit < 1 || opts.Limit > pglimit.MaxLimit {
-		return nil, fmt.Errorf("signin: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, pglimit.MaxLimit)
+	if opts.Limit < 1 || opts.Limit > vocab.MaxLimit {
+		return nil, fmt.Errorf("signin: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, vocab.MaxLimit)
 	}
 	if opts.Window == 0 {
 		opts.Window = defaultWindow
@@ -452,7 +452,7 @@ func (e *LimitError) scopeName() string {
 }
 
 // Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
+func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
 type outcome int
 

@@ -63,10 +63,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/slots"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -189,7 +189,7 @@ func (e *LimitError) Error() string {
 }
 
 // Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == pglimit.ErrLimited }
+func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
 // Permit is one upload counted in a key's window. Keeping it needs
 // nothing: it lapses on its own when it leaves the window.

@@ -1,0 +1,78 @@
+// Package vocab is the vocabulary every pglimit package shares: ErrLimited,
+// which every refusal matches; Class and Classify, the kinds of failure of
+// a database error; MaxLimit, the bound of every cap. The root package
+// re-exports each name (pglimit.ErrLimited is vocab.ErrLimited, the same
+// value), so adopters use the root; the library's own packages import this
+// leaf instead, and none of them imports the root.
+package vocab
+
+import (
+	"context"
+	"errors"
+
+	"github.com/pglimit/pglimit/internal/dberr"
+)
+
+// MaxLimit is the largest cap any pglimit limit accepts (a heavy
+// endpoint's per-key cap and its installation cap, a token's requests in
+// flight, uploads per window, failed sign-ins per window, a permit scope's
+// slots). Every package refuses a larger one in New.
+const MaxLimit = 10000
+
+// ErrLimited is matched (errors.Is) by every refusal of every limiter:
+// *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
+// *signin.LimitError, *ratelimit.LimitError and *quota.LimitError. Use
+// errors.As with the package's LimitError for its fields (the limit, the
+// scope, when to retry).
+var ErrLimited = errors.New("pglimit: limit reached")
+
+// Class is what kind of failure a database error is, as Classify tells it.
+// Its value is its name, ready for a log line or a metric attribute.
+type Class string
+
+const (
+	// ClassNone is no error at all.
+	ClassNone Class = "none"
+	// ClassCanceled is the caller's context canceled: a client went away.
+	// It is not a server error and is not logged as one.
+	ClassCanceled Class = "canceled"
+	// ClassUnavailable is a database that cannot be reached: a failed
+	// connect, a broken connection, a server shutting down or starting up,
+	// too many connections, a primary that became read-only in a failover
+	// (SQLSTATE 25006), a serialization failure or deadlock the database
+	// rolled back (40001, 40P01), or a limiter's own Timeout option
+	// expired while it connected or waited: the database cannot decide
+	// now. Answer 503 with Retry-After; it passes.
+	ClassUnavailable Class = "unavailable"
+	// ClassTimeout is a statement stopped at its time bound:
+	// statement_timeout (SQLSTATE 57014) or a context deadline.
+	ClassTimeout Class = "timeout"
+	// ClassOther is any other error: a bug, a constraint, a syntax error.
+	// Answer 500 and log it; never send its text to a client.
+	ClassOther Class = "other"
+)
+
+// Classify tells what kind of failure err is, for every error pglimit
+// returns and for the pgx errors of a service's own queries. It looks, in
+// this order, for: nil; context.Canceled; a limiter's own Timeout or a
+// failed connect (unavailable); a context deadline or SQLSTATE 57014
+// (timeout); a connection-class or resource SQLSTATE (08, 57 other than
+// 57014, 53), a read-only transaction (25006, a demoted primary), a
+// serialization failure or deadlock (40001, 40P01), a network error or a
+// closed connection (unavailable).
+// Everything else is ClassOther.
+func Classify(err error) Class {
+	switch {
+	case err == nil:
+		return ClassNone
+	case errors.Is(err, context.Canceled):
+		return ClassCanceled
+	case dberr.IsOwnTimeout(err), dberr.IsConnectError(err):
+		return ClassUnavailable
+	case dberr.IsTimeout(err):
+		return ClassTimeout
+	case dberr.IsUnavailable(err):
+		return ClassUnavailable
+	}
+	return ClassOther
+}
