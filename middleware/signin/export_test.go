@@ -25,3 +25,6 @@ func (l *Limiter) Window() time.Duration { return l.window }
 
 // Name is the limit's name.
 func (l *Limiter) Name() string { return l.name }
+
+// Exempt reports whether Options.Exempt exempted the sign-in (tests).
+func (p *Permit) Exempt() bool { return p.exempted() }

@@ -487,10 +487,10 @@ type Permit struct {
 // is throttled, and the attempt goes on unreserved. Nil when it fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
 
-// Exempt reports whether Options.Exempt exempted this sign-in: the
+// exempted reports whether Options.Exempt exempted this sign-in: the
 // Limiter counts none of its outcomes (a Limiter wrapped around it still
 // does).
-func (p *Permit) Exempt() bool { return p != nil && p.exempt }
+func (p *Permit) exempted() bool { return p != nil && p.exempt }
 
 // Acquire begins a sign-in attempt of key, for callers that are not HTTP
 // handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
