@@ -29,6 +29,7 @@ const (
 	kindUpload
 	kindNode
 	kindRate
+	kindAddress
 )
 
 // never is the end of a request whose end the client does not know (a
@@ -41,10 +42,14 @@ const never = time.Duration(1<<63 - 1)
 // run: start just before the request was sent, end once the whole answer was
 // read.
 type record struct {
-	kind   kind
-	user   string // the user the token belongs to (console, upload, node)
-	token  string // the token's label (console, upload, node)
-	key    string // the username tried (sign-in)
+	kind  kind
+	user  string // the user the token belongs to (console, upload, node)
+	token string // the token's label (console, upload, node)
+	key   string // the username tried (sign-in)
+	// addr is the client address the request claims through the trusted
+	// proxy (X-Forwarded-For): the address rate's key (address, sign-in);
+	// "" for a request sent straight from 127.0.0.1.
+	addr   string
 	start  time.Duration
 	end    time.Duration
 	status int     // 0: no answer (err)
@@ -53,9 +58,9 @@ type record struct {
 	share  float64 // rate.replica of a queue listing: the replica's node share
 	ready  int     // rate.readyReplicas of a queue listing
 	// rateHeaders: the answer carried RateLimit-Policy and RateLimit with
-	// the policy "api".
-	rateHeaders bool
-	err         error
+	// the policy "api"; addressHeaders with the policy "address".
+	rateHeaders, addressHeaders bool
+	err                         error
 }
 
 // refusedBy reports whether r was refused with slug.
@@ -78,6 +83,8 @@ func (r *record) expected() bool {
 		return (r.status == 401 && r.slug == slugInvalid) || r.refusedBy(slugSignIn)
 	case kindUpload:
 		return r.status == 201 || r.refusedBy(slugUploads) || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)
+	case kindAddress:
+		return r.unauthenticated() || (r.refusedBy(slugRate) && r.scope == "address")
 	case kindNode, kindRate:
 		return r.status == 200 || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)
 	}
@@ -262,11 +269,11 @@ func envelopeExcess(series []int, perSecond, allowance int) (excess, at, n int) 
 // hasRateHeaders reports whether h carries RateLimit-Policy and RateLimit
 // items of the policy "api" (the fields are lists, possibly over several
 // lines, beside other limits' items).
-func hasRateHeaders(h http.Header) bool {
+func hasRateHeaders(h http.Header, policy string) bool {
 	has := func(name string) bool {
 		for _, v := range h.Values(name) {
 			for _, item := range strings.Split(v, ",") {
-				if strings.HasPrefix(strings.TrimSpace(item), `"api";`) {
+				if strings.HasPrefix(strings.TrimSpace(item), `"`+policy+`";`) {
 					return true
 				}
 			}
@@ -280,10 +287,32 @@ func hasRateHeaders(h http.Header) bool {
 // order they were sent: the API rate is kept per user, every token of the
 // user together (a new sign-in does not buy a new rate).
 func byUser(recs []record) map[string][]*record {
+	return groupBy(recs, func(r *record) string {
+		if r.token == "" {
+			return ""
+		}
+		return r.user
+	})
+}
+
+// byAddress groups the requests without a token that the address rate
+// counted, by their client address.
+func byAddress(recs []record) map[string][]*record {
+	return groupBy(recs, func(r *record) string {
+		if r.token != "" {
+			return ""
+		}
+		return r.addr
+	})
+}
+
+// groupBy groups recs by key ("" left out), each group in send order.
+func groupBy(recs []record, key func(*record) string) map[string][]*record {
 	groups := map[string][]*record{}
 	for i := range recs {
-		if r := &recs[i]; r.token != "" {
-			groups[r.user] = append(groups[r.user], r)
+		r := &recs[i]
+		if k := key(r); k != "" {
+			groups[k] = append(groups[k], r)
 		}
 	}
 	for _, g := range groups {
@@ -301,11 +330,11 @@ func byUser(recs []record) map[string][]*record {
 // requests' latency, so the excess can only be underestimated: a value
 // above the burst is an over-grant, whatever the timing. where names the
 // user and interval of the highest.
-func rateExcess(recs []record, perSecond float64) (excess float64, where string) {
-	for user, g := range byUser(recs) {
+func rateExcess(groups map[string][]*record, perSecond float64, passed func(*record) bool) (excess float64, where string) {
+	for user, g := range groups {
 		var admitted []*record
 		for _, r := range g {
-			if r.err == nil && r.status != 0 && !r.refusedBy(slugRate) && !r.unauthenticated() {
+			if r.err == nil && r.status != 0 && !r.refusedBy(slugRate) && passed(r) {
 				admitted = append(admitted, r)
 			}
 		}
@@ -334,8 +363,8 @@ func rateExcess(recs []record, perSecond float64) (excess float64, where string)
 // and taking t = s0 for the allowance, a refusal that still fits for
 // every u was false. Only the load check drives the service, so the rule
 // can miss a false refusal but never invents one.
-func judgeRate(recs []record, perSecond float64, burst int, slack time.Duration) (refused, falseRefused int) {
-	for _, g := range byUser(recs) {
+func judgeRate(groups map[string][]*record, perSecond float64, burst int, slack time.Duration, passed func(*record) bool) (refused, falseRefused int) {
+	for _, g := range groups {
 		for _, r := range g {
 			if !r.refusedBy(slugRate) {
 				continue
@@ -343,7 +372,7 @@ func judgeRate(recs []record, perSecond float64, burst int, slack time.Duration)
 			refused++
 			var ends []time.Duration // possible holders' last possible decision times
 			for _, h := range g {
-				if h == r || h.refusedBy(slugRate) || h.unauthenticated() || h.start >= r.end {
+				if h == r || h.refusedBy(slugRate) || (h.err == nil && !passed(h)) || h.start >= r.end {
 					continue
 				}
 				end := h.end

@@ -118,7 +118,7 @@ func everyLimitHolds(t *testing.T, rep *Report) {
 		// each) also shows the load reached the limit. TestLoadCheckSeesExcess
 		// shows every observer able to see an excess.
 		reached := row.Highest >= row.Cap
-		if row.Limit == "api rate per user" ||
+		if row.Limit == "api rate per user" || row.Limit == "address rate per client" ||
 			(row.Limit == "sql-console per user" || row.Limit == "heavy, installation" || row.Limit == "in-flight per token") && row.Refused > 0 && row.FalseRefusals == 0 {
 			reached = true
 		}
@@ -178,6 +178,7 @@ func TestLoadCheckSeesExcess(t *testing.T) {
 		"-uploads-per-hour", "8", // judged 3
 		"-node-rate", "12", // 4/s per replica; judged 6 (2/s)
 		"-api-rate", "1000/s", "-api-burst", "1000", // judged 20/s, burst 10
+		"-address-rate", "1000/s", "-address-burst", "1000", // judged 10/s, burst 10
 	}
 	rep := runCheck(t, cfg)
 	for _, row := range rep.Rows {
@@ -272,12 +273,27 @@ func TestRateJudgement(t *testing.T) {
 		{"an over-grant spread over two tokens", []record{ok(0, 10), ok(0, 10), otherToken(ok(0, 10))}, 2.9, 0},
 		{"an over-grant", []record{ok(0, 10), ok(0, 10), ok(0, 10), ok(5, 10)}, 3.9, 0},
 	} {
-		excess, _ := rateExcess(tc.recs, 10)
+		withIdentity := func(r *record) bool { return !r.unauthenticated() }
+		excess, _ := rateExcess(byUser(tc.recs), 10, withIdentity)
 		if math.Abs(excess-tc.wantExcess) > 1e-9 {
 			t.Errorf("%s: excess %v, want %v", tc.name, excess, tc.wantExcess)
 		}
-		if _, got := judgeRate(tc.recs, 10, 2, ms(5)); got != tc.wantFalse {
+		if _, got := judgeRate(byUser(tc.recs), 10, 2, ms(5), withIdentity); got != tc.wantFalse {
 			t.Errorf("%s: %d false refusals, want %d", tc.name, got, tc.wantFalse)
+		}
+		// The same requests without a token, from one client address: the
+		// address rate judges them alike.
+		anonymous := make([]record, len(tc.recs))
+		for i, r := range tc.recs {
+			r.addr, r.token = "192.0.2."+r.user, ""
+			anonymous[i] = r
+		}
+		passed := func(*record) bool { return true }
+		if excess, _ := rateExcess(byAddress(anonymous), 10, passed); math.Abs(excess-tc.wantExcess) > 1e-9 {
+			t.Errorf("%s, by address: excess %v, want %v", tc.name, excess, tc.wantExcess)
+		}
+		if _, got := judgeRate(byAddress(anonymous), 10, 2, ms(5), passed); got != tc.wantFalse {
+			t.Errorf("%s, by address: %d false refusals, want %d", tc.name, got, tc.wantFalse)
 		}
 	}
 }

@@ -137,6 +137,10 @@ observers (none of them reads pglimit's tables):
     RateLimit-Policy and RateLimit of the policy api. A rate refusal is false when, counting
     every request of the user that may have been admitted before its answer, the user had
     room at every moment the refusal may have been decided.
+  address rate: the answers, per client address claimed through the stand-in proxy
+    127.0.0.2 the replicas trust (X-Forwarded-For), of every request without a token (the
+    address load's, and each sign-in round's from an address of its own); judged as the api
+    rate. Each such answer must carry RateLimit-Policy and RateLimit of the policy address.
 false refusal: a 429 of a limit although, by the client's ledger of every request it sent,
   fewer than the limit's value of other requests of the same scope can have held a slot at
   any moment between the refused request's send and its answer (a request is a possible

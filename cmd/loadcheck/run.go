@@ -70,6 +70,14 @@ type Config struct {
 	// judged as without it; its refusals with room are the price of
 	// borrowing (units another replica holds) and are reported, not judged.
 	APIBorrow bool
+	// AddressRate (requests per second per client address) and
+	// AddressBurst are cmd/studio's -address-rate and -address-burst,
+	// driven by AddressWorkers loops of requests without a token from
+	// Addresses client addresses, forwarded by the stand-in proxy
+	// 127.0.0.2 the replicas trust (-trusted-proxies). AddressBurst is
+	// at least the sign-in round's requests (2 × SignInFailures + 2): each
+	// round comes from a fresh address of its own.
+	AddressRate, AddressBurst, AddressWorkers, Addresses int
 
 	// Queues is the fake node's number of queues (a queue listing is one
 	// search call and one read call per 200 queues).
@@ -109,7 +117,7 @@ func DefaultConfig() Config {
 		Replicas: 3, Duration: 30 * time.Second, ProgressEvery: time.Second,
 		SQLConsoleCap: 2, PoolMaxConns: 16, SignInFailures: 3, SignInWindow: 10 * time.Minute, SignInStrict: true,
 		UploadsPerHour: 3, UploadWindow: 5 * time.Second, TokenInFlight: 2, NodeRate: 6,
-		APIRate: 20, APIBurst: 10,
+		APIRate: 20, APIBurst: 10, AddressRate: 10, AddressBurst: 10, AddressWorkers: 6, Addresses: 2,
 		Queues: 450, ConsoleSleep: 200 * time.Millisecond, TokensPerUser: 2, WorkersPerToken: 3, RateWorkers: 6, NodeWorkers: 4,
 		Pause: 50 * time.Millisecond, Slack: 25 * time.Millisecond, WarmupTimeout: 40 * time.Second,
 	}
@@ -135,6 +143,10 @@ func (c *Config) validate() error {
 	atLeast("api-rate", c.APIRate, 1)
 	atLeast("api-burst", c.APIBurst, 1)
 	atLeast("rate-workers", c.RateWorkers, 1)
+	atLeast("address-rate", c.AddressRate, 1)
+	atLeast("address-burst", c.AddressBurst, 2*c.SignInFailures+2)
+	atLeast("address-workers", c.AddressWorkers, 1)
+	atLeast("addresses", c.Addresses, 1)
 	atLeast("node-workers", c.NodeWorkers, 1)
 	if c.Replicas > 16 {
 		errs = append(errs, errors.New("-replicas must be at most 16"))
@@ -162,6 +174,10 @@ func (c *Config) validate() error {
 // installationCap is cmd/studio's installation-wide heavy cap.
 func (c *Config) installationCap() int { return max(1, c.PoolMaxConns/4) }
 
+// proxyIP is the loopback address the load's stand-in proxy sends from;
+// the replicas trust it (-trusted-proxies).
+const proxyIP = "127.0.0.2"
+
 // nodeShare is each replica's part of the node rate: ceil(rate / replicas).
 func (c *Config) nodeShare() int { return (c.NodeRate + c.Replicas - 1) / c.Replicas }
 
@@ -174,7 +190,10 @@ type loadRun struct {
 	marker string
 	procs  []*replicaset.Proc
 	client *http.Client
-	t0     time.Time
+	// proxy sends from 127.0.0.2, the proxy the replicas trust: the
+	// requests that claim a client address (record.addr).
+	proxy *http.Client
+	t0    time.Time
 
 	mu     sync.Mutex
 	ledger []record
@@ -184,6 +203,7 @@ type loadRun struct {
 	signFailed, signRefused, signRounds atomic.Int64
 	uploadOK, uploadRefused, nodeOK     atomic.Int64
 	rateOK, rateRefused                 atomic.Int64
+	addressOK, addressRefused           atomic.Int64
 	unexpected                          atomic.Int64
 }
 
@@ -228,6 +248,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute},
 	}
 	defer lr.client.CloseIdleConnections()
+	proxyDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(proxyIP)}, Timeout: 10 * time.Second}
+	lr.proxy = &http.Client{
+		Timeout:   60 * time.Second,
+		Transport: &http.Transport{DialContext: proxyDialer.DialContext, MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute},
+	}
+	defer lr.proxy.CloseIdleConnections()
 
 	dbURL := cfg.DatabaseURL
 	if dbURL == "" {
@@ -297,11 +323,14 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		"-api-rate", strconv.Itoa(cfg.APIRate) + "/s",
 		"-api-burst", strconv.Itoa(cfg.APIBurst),
 		"-api-borrow=" + strconv.FormatBool(cfg.APIBorrow),
-		// Every client here is 127.0.0.1: the sign-in rounds would spend
-		// one client address's rate (-address-rate) and its failed
-		// sign-ins (-sign-in-address-failures), which the load check does
-		// not judge (the address throttle's burst and spray tests do).
-		"-address-rate", "0",
+		// Requests without a token claim a client address through the
+		// stand-in proxy: the address load's few addresses, and a fresh
+		// one for each sign-in round, whose burst fits in -address-burst.
+		// The failed sign-ins per address (-sign-in-address-failures) are
+		// not judged here (cmd/studio's spray tests do).
+		"-trusted-proxies", proxyIP + "/32",
+		"-address-rate", strconv.Itoa(cfg.AddressRate) + "/s",
+		"-address-burst", strconv.Itoa(cfg.AddressBurst),
 		"-sign-in-address-failures", "0",
 		"-heartbeat", "500ms",
 	}
@@ -638,6 +667,18 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 			lr.rateOK.Add(1)
 		})
 	}
+	for w := range lr.cfg.AddressWorkers {
+		addr := fmt.Sprintf("192.0.2.%d", w%lr.cfg.Addresses+1)
+		loop(func() {
+			r := lr.do(ctx, record{kind: kindAddress, addr: addr}, http.MethodGet, "/api/audit", "", "", nil)
+			if r.refusedBy(slugRate) {
+				lr.addressRefused.Add(1)
+				pause()
+				return
+			}
+			lr.addressOK.Add(1)
+		})
+	}
 	loop(func() { lr.signInRound(ctx) })
 }
 
@@ -646,13 +687,14 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 func (lr *loadRun) signInRound(ctx context.Context) {
 	k := lr.signRounds.Add(1)
 	username := fmt.Sprintf("lc-%s-%d", lr.run, k)
+	addr := fmt.Sprintf("10.%d.%d.%d", k>>16&255, k>>8&255, k&255) // the round's own client address
 	body, _ := json.Marshal(map[string]string{"username": username, "password": "wrong"})
 	var wg sync.WaitGroup
 	for range 2*lr.cfg.SignInFailures + 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := lr.do(ctx, record{kind: kindSignIn, key: username}, http.MethodPost, "/api/session", "", "application/json", body)
+			r := lr.do(ctx, record{kind: kindSignIn, key: username, addr: addr}, http.MethodPost, "/api/session", "", "application/json", body)
 			switch {
 			case r.status == 401:
 				lr.signFailed.Add(1)
@@ -703,8 +745,13 @@ func (lr *loadRun) doOn(ctx context.Context, p *replicaset.Proc, r record, metho
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	client := lr.client
+	if r.addr != "" {
+		client = lr.proxy
+		req.Header.Set("X-Forwarded-For", r.addr)
+	}
 	r.start = time.Since(lr.t0)
-	resp, err := lr.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		r.err, r.end = err, never
 		lr.add(r)
@@ -717,7 +764,8 @@ func (lr *loadRun) doOn(ctx context.Context, p *replicaset.Proc, r record, metho
 	if err != nil {
 		r.err, r.end = err, never
 	}
-	r.rateHeaders = hasRateHeaders(resp.Header)
+	r.rateHeaders = hasRateHeaders(resp.Header, "api")
+	r.addressHeaders = hasRateHeaders(resp.Header, "address")
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
 		var p struct {
 			Type  string `json:"type"`
@@ -762,12 +810,12 @@ func (lr *loadRun) progress(ctx context.Context, obs *observer, node *fakenode.N
 			last = st.PerSecond[n-2].Calls // the last complete second
 		}
 		fmt.Fprintf(lr.cfg.Progress,
-			"%5.0fs  console %d ok %d refused, running peak user %d/%d inst %d/%d token %d/%d | sign-in rounds %d: %d×401 %d×429 | uploads %d×201 %d×429 | node %d calls, %d last s (%d/s) | rate %d passed %d×429 | unexpected %d\n",
+			"%5.0fs  console %d ok %d refused, running peak user %d/%d inst %d/%d token %d/%d | sign-in rounds %d: %d×401 %d×429 | uploads %d×201 %d×429 | node %d calls, %d last s (%d/s) | rate %d passed %d×429 | address %d passed %d×429 | unexpected %d\n",
 			time.Since(lr.t0).Seconds(), lr.consoleOK.Load(), lr.consoleRefused.Load(),
 			pk.User, lr.cfg.SQLConsoleCap, pk.Installation, lr.cfg.installationCap(), pk.Token, lr.cfg.TokenInFlight,
 			lr.signRounds.Load(), lr.signFailed.Load(), lr.signRefused.Load(),
 			lr.uploadOK.Load(), lr.uploadRefused.Load(), st.Calls, last, lr.cfg.NodeRate,
-			lr.rateOK.Load(), lr.rateRefused.Load(), lr.unexpected.Load())
+			lr.rateOK.Load(), lr.rateRefused.Load(), lr.addressOK.Load(), lr.addressRefused.Load(), lr.unexpected.Load())
 	}
 }
 
@@ -884,15 +932,29 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	// every other's: the rate applies to each, all its tokens together).
 	rateRow := Row{Limit: "api rate per user", Configured: fmt.Sprintf("%d/s, burst %d", c.APIRate, c.APIBurst),
 		Cap: c.APIBurst, Requests: count(withToken)}
-	rateOver, where := rateExcess(recs, float64(c.APIRate))
+	withIdentity := func(r *record) bool { return !r.unauthenticated() }
+	rateOver, where := rateExcess(byUser(recs), float64(c.APIRate), withIdentity)
 	rateRow.Highest = int(math.Ceil(rateOver))
-	rateRow.Refused, rateRow.FalseRefusals = judgeRate(recs, float64(c.APIRate), c.APIBurst, c.Slack)
+	rateRow.Refused, rateRow.FalseRefusals = judgeRate(byUser(recs), float64(c.APIRate), c.APIBurst, c.Slack, withIdentity)
 	rateRow.Note = fmt.Sprintf("highest = most requests one user had admitted in an interval, less %d/s × the interval (from the first one's send to the last one's answer)%s", c.APIRate, where)
 	if c.APIBorrow {
 		rateRow.Note = fmt.Sprintf("-api-borrow: %d refusals with room (units another replica held; reported, not judged); ", rateRow.FalseRefusals) + rateRow.Note
 		rateRow.FalseRefusals = -1
 	}
 	rep.Rows = append(rep.Rows, rateRow)
+
+	// The rate per client address of the requests without a token: the
+	// address load's and the sign-in rounds'. Any answer but its refusal
+	// passed it (401 unauthorized, or the sign-in's 401 and 429).
+	anonymous := func(r *record) bool { return r.token == "" && r.addr != "" }
+	addrRow := Row{Limit: "address rate per client", Configured: fmt.Sprintf("%d/s, burst %d", c.AddressRate, c.AddressBurst),
+		Cap: c.AddressBurst, Requests: count(anonymous)}
+	passedAddress := func(*record) bool { return true }
+	addrOver, addrWhere := rateExcess(byAddress(recs), float64(c.AddressRate), passedAddress)
+	addrRow.Highest = int(math.Ceil(addrOver))
+	addrRow.Refused, addrRow.FalseRefusals = judgeRate(byAddress(recs), float64(c.AddressRate), c.AddressBurst, c.Slack, passedAddress)
+	addrRow.Note = fmt.Sprintf("highest = most requests one client address had admitted in an interval, less %d/s × the interval%s", c.AddressRate, strings.Replace(addrWhere, "highest for ", "highest for address ", 1))
+	rep.Rows = append(rep.Rows, addrRow)
 
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
@@ -910,7 +972,7 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 		case over:
 			r.Verdict = VerdictExceeded
 		case r.Highest < r.Cap && r.Refused == 0,
-			i == 6 && r.Refused == 0: // the rate's highest is measured generously: reached means refused
+			(i == 6 || i == 7) && r.Refused == 0: // the rates' highest is measured generously: reached means refused
 			r.Verdict = VerdictNotReached
 		default:
 			r.Verdict = VerdictOK
@@ -920,7 +982,12 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	rep.Unexpected = map[string]int{}
 	for i := range recs {
 		r := &recs[i]
-		if r.expected() && r.kind != kindSignIn && r.err == nil && !r.rateHeaders {
+		if r.expected() && r.token == "" && r.addr != "" && r.err == nil && !r.addressHeaders {
+			// Every answer to a request without a token passed the
+			// address rate or was refused by it.
+			rep.Unexpected[fmt.Sprintf("%s %d %s without RateLimit-Policy and RateLimit of the policy address", kindName(r.kind), r.status, r.slug)]++
+		}
+		if r.expected() && r.token != "" && r.err == nil && !r.rateHeaders {
 			// Every /api/ answer but the sign-in's passed the rate limit
 			// or was refused by it: either way it carries its headers.
 			rep.Unexpected[fmt.Sprintf("%s %d %s without RateLimit-Policy and RateLimit of the policy api", kindName(r.kind), r.status, r.slug)]++
@@ -938,5 +1005,5 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 }
 
 func kindName(k kind) string {
-	return [...]string{"console", "sign-in", "upload", "node", "rate"}[k]
+	return [...]string{"console", "sign-in", "upload", "node", "rate", "address"}[k]
 }

@@ -72,7 +72,8 @@ func TestAdoptBehindPgBouncer(t *testing.T) {
 // (cache_statement) prepares statements on one server connection and runs
 // them on another, and the service fails — an instance that cannot
 // migrate, or requests answered 500 with "prepared statement ... already
-// exists / does not exist" in its log.
+// exists / does not exist" in its log, or an instance that never becomes
+// ready.
 func TestAdoptBehindPgBouncerDefaultModeFails(t *testing.T) {
 	t.Parallel()
 	upstream := pgtest.EmptyURL(t)
@@ -80,10 +81,18 @@ func TestAdoptBehindPgBouncerDefaultModeFails(t *testing.T) {
 	u := pgbouncer.WithParam(b.URL(upstream), "pool_max_conns", poolMaxConns)
 	procs, err := startInstances(t, u)
 	if err != nil {
-		if !strings.Contains(err.Error(), "prepared statement") {
-			t.Fatalf("an instance did not start, but not for a prepared statement: %v", err)
+		switch {
+		case strings.Contains(err.Error(), "prepared statement"):
+			t.Logf("as expected, an instance did not start: %s", lineWith(err.Error(), "prepared statement"))
+		case strings.Contains(err.Error(), "not ready after"):
+			// The other way it fails (CI, under load): an instance waits
+			// for ever in its migration, behind a statement of the other
+			// that failed on a server connection it was not prepared on
+			// and left that connection's session holding what it held.
+			t.Logf("as expected, an instance did not start: it never became ready (%s)", lineWith(err.Error(), "not ready after"))
+		default:
+			t.Fatalf("an instance did not start, but neither for a prepared statement nor by hanging: %v", err)
 		}
-		t.Logf("as expected, an instance did not start: %s", lineWith(err.Error(), "prepared statement"))
 		return
 	}
 	// Both started: the requests fail instead.
