@@ -19,6 +19,7 @@ import (
 
 	"github.com/pglimit/pglimit/access"
 	"github.com/pglimit/pglimit/ban"
+	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
@@ -79,6 +80,9 @@ const (
 	// NameAccessMatch is a request matched against the allow and deny
 	// lists (package access) at AccessRules rules: no statement.
 	NameAccessMatch = "allow/deny list match, 10,000 rules"
+	// NameClientAddr is deriving a request's client address (package
+	// clientaddr) behind a trusted proxy: no statement.
+	NameClientAddr = "client address, through a trusted proxy"
 	// NameBanned is a banned key's refusal (package ban): from memory,
 	// before the rate is looked at.
 	NameBanned = "banned key refusal"
@@ -492,6 +496,27 @@ func (s *Suite) Limits() []Path {
 					if got := s.access.Match(q.addr, q.keys...); got != q.want {
 						return fmt.Errorf("bench: Match(%v, %q) = %v, want %v", q.addr, q.keys, got, q.want)
 					}
+					return nil
+				}, nil
+			}},
+		{Name: NameClientAddr, Kind: Limit, What: "clientaddr.Resolver.Key of a request from a trusted proxy (10.0.0.0/8) carrying X-Forwarded-For with two hops and Forwarded, in turn IPv4 and IPv6 (grouped by its /64): no statement",
+			New: func(int) (Op, error) {
+				r, err := clientaddr.New(clientaddr.Options{TrustedProxies: []string{"10.0.0.0/8"}})
+				if err != nil {
+					return nil, err
+				}
+				headers := []http.Header{
+					{"X-Forwarded-For": {"198.51.100.7, 10.1.2.3"}},
+					{"Forwarded": {`for="[2001:db8:1:2::7]:443";proto=https, for=10.1.2.3`}},
+				}
+				want := []string{"198.51.100.7", "2001:db8:1:2::/64"}
+				i := 0
+				return func(context.Context) error {
+					k := r.Key("10.9.8.7:5555", headers[i%2])
+					if k != want[i%2] {
+						return fmt.Errorf("bench: clientaddr.Key = %q, want %q", k, want[i%2])
+					}
+					i++
 					return nil
 				}, nil
 			}},
