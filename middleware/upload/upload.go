@@ -230,7 +230,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	case refused == nil:
 		return &Permit{held: held}, nil
 	}
-	le := &LimitError{Name: l.core.Name, Limit: l.limit, Window: l.window, RetryAfter: slots.RetryAfter(refused, 0)}
+	// The first lapse is measured from the statement's transaction start,
+	// which a claim committed just before it can follow by a few
+	// milliseconds: no upload counted lapses later than a window from now.
+	le := &LimitError{Name: l.core.Name, Limit: l.limit, Window: l.window, RetryAfter: min(slots.RetryAfter(refused, 0), l.window)}
 	if !letThrough {
 		return nil, le
 	}
