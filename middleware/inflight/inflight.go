@@ -123,6 +123,14 @@ type Options struct {
 	// what is held, and so every later decision, is what it would be with
 	// the limit on. Default false.
 	DryRun bool
+	// Keep, when positive, keeps the slot of a token's request with this
+	// replica for up to Keep after the request ends, so that the token's
+	// next request here takes it from memory, with no statement (see Kept
+	// slots). Run the invalidation bus (pglimit.Run) and set the same Keep
+	// on every replica: a replica whose bus is not Live keeps nothing.
+	// Default 0: every request claims and releases its slot. Negative is
+	// an error.
+	Keep time.Duration
 }
 
 // scopeToken is the kind of scope of every decision (attribute scope).
@@ -166,7 +174,7 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	}
 	core, err := slots.New(pool, slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,
 		Scopes: []string{scopeToken}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
-		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
+		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun, Keep: opts.Keep})
 	if err != nil {
 		return nil, err
 	}
