@@ -101,7 +101,6 @@ type keeper struct {
 	idle    int                        // idle kept slots, every scope
 	waiters map[string][]chan struct{} // stored scope key -> refused requests waiting for a "gave"
 	running bool                       // the sweep runs
-	landing sync.WaitGroup             // the keeper's releases in flight
 	tick    time.Duration              // the sweep's period, set by the first kept claim
 }
 
@@ -201,7 +200,6 @@ func (k *keeper) releasing(ks *keptScope) {
 		ks.landed = make(chan struct{})
 	}
 	ks.releasing++
-	k.landing.Add(1)
 }
 
 // settle waits until the keeper's releases of scope in flight have
@@ -296,7 +294,6 @@ func (k *keeper) release(slots []*kept) int64 {
 	}
 	k.mu.Lock()
 	for scope := range seen {
-		k.landing.Done()
 		ks := k.scopes[scope]
 		if ks == nil {
 			continue
@@ -417,17 +414,22 @@ var errNoBus = errors.New("slots: the give-back request was not sent")
 // claims again (claim) when one says it gave some back, and once more at
 // giveBackWait; it returns the first grant, or the last claim's outcome.
 // errNoBus: the request could not be sent (the caller keeps its refusal).
+// Requests of scope refused while one of this replica's already waits
+// send nothing: they wait for the answer to the one sent.
 func (k *keeper) giveBack(ctx context.Context, scope string, claim func() (*permit.Lease, time.Time, error)) (*permit.Lease, time.Time, error) {
 	ch := make(chan struct{})
 	k.mu.Lock()
+	send := len(k.waiters[scope]) == 0
 	k.waiters[scope] = append(k.waiters[scope], ch)
 	k.mu.Unlock()
 	defer k.unwait(scope, &ch)
-	nctx, cancel := context.WithTimeout(ctx, k.timeout)
-	err := k.q.BusNotify(nctx, k.pool, k.topic+"\nwant "+k.id+" "+scope)
-	cancel()
-	if err != nil {
-		return nil, time.Time{}, errNoBus
+	if send {
+		nctx, cancel := context.WithTimeout(ctx, k.timeout)
+		err := k.q.BusNotify(nctx, k.pool, k.topic+"\nwant "+k.id+" "+scope)
+		cancel()
+		if err != nil {
+			return nil, time.Time{}, errNoBus
+		}
 	}
 	deadline := time.NewTimer(giveBackWait)
 	defer deadline.Stop()
@@ -529,13 +531,25 @@ func (k *keeper) flush(ctx context.Context) error {
 	}
 	k.mu.Unlock()
 	k.release(out)
-	done := make(chan struct{})
-	go func() { k.landing.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		var landed []chan struct{}
+		k.mu.Lock()
+		for _, ks := range k.scopes {
+			if ks.landed != nil {
+				landed = append(landed, ks.landed)
+			}
+		}
+		k.mu.Unlock()
+		if len(landed) == 0 {
+			return nil
+		}
+		for _, ch := range landed {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 	}
 }
 

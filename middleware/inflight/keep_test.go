@@ -23,12 +23,19 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// slotStatements counts the statements a pool sends on the slot table.
-type slotStatements struct{ n atomic.Int64 }
+// slotStatements counts the statements a pool sends on the slot table,
+// and of those the claims and the renewals.
+type slotStatements struct{ n, claims, renewals atomic.Int64 }
 
 func (s *slotStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "pglimit.slot") {
 		s.n.Add(1)
+	}
+	if strings.Contains(d.SQL, "INSERT INTO pglimit.slot ") {
+		s.claims.Add(1)
+	}
+	if strings.Contains(d.SQL, "SlotRenew") {
+		s.renewals.Add(1)
 	}
 	return ctx
 }
@@ -168,6 +175,69 @@ func TestKeptSteadyClient(t *testing.T) {
 				t.Errorf("rows after Flush %d, want 0", got)
 			}
 		}
+	}
+}
+
+// TestKeptSlotRenewed: a steady client paced over several renewal
+// periods keeps one slot: its lease is renewed (one statement every few
+// hundred milliseconds here, every 5 s at the default lease), never
+// claimed again, and every request runs on a row with at least the lease
+// a fresh claim gives (MaxDuration + grace) left, read from a separate
+// connection while the handler runs.
+func TestKeptSlotRenewed(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool, st := tracedPool(t, url, 4)
+	observer := pgtest.Pool(t, url, 1)
+	pgtest.Listen(t, pool)
+	const (
+		maxDur = 600 * time.Millisecond
+		grace  = 400 * time.Millisecond
+	)
+	l, err := inflight.NewWithGrace(pool, inflight.Options{Key: tokenID, Limit: 1, MaxDuration: maxDur, Keep: time.Second, Logger: quiet}, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Flush(context.Background()) })
+	var shortest atomic.Int64
+	shortest.Store(int64(time.Hour))
+	n := 0
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n%5 != 0 {
+			return
+		}
+		var ms int64
+		if err := observer.QueryRow(context.Background(), `SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint
+			FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope("id-of-renewed-token")).Scan(&ms); err != nil {
+			t.Error(err)
+			return
+		}
+		if d := int64(time.Duration(ms) * time.Millisecond); d < shortest.Load() {
+			shortest.Store(d)
+		}
+	}))
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		if r := call(t, h, "renewed-token"); r.status != http.StatusOK {
+			t.Fatalf("status %d", r.status)
+		}
+		n++
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Logf("%d requests in %v: %d statements on the slot table (%d claims, %d renewals), %.4f per request; shortest lease left while a request ran %v",
+		n, time.Since(start), st.n.Load(), st.claims.Load(), st.renewals.Load(), float64(st.n.Load())/float64(n), time.Duration(shortest.Load()))
+	if c := st.claims.Load(); c != 1 {
+		t.Errorf("%d claims, want 1: the kept slot was not renewed in time", c)
+	}
+	if st.renewals.Load() < 3 {
+		t.Errorf("%d renewals over 3 s of a lease of %v", st.renewals.Load(), maxDur+grace)
+	}
+	if per := float64(st.n.Load()) / float64(n); per > 0.05 {
+		t.Errorf("%.3f statements per request, want at most 0.05", per)
+	}
+	// 20 ms: the clock's rounding and the read's own time.
+	if d := time.Duration(shortest.Load()); d < maxDur+grace-20*time.Millisecond {
+		t.Errorf("a request ran on a row with %v of lease left, less than MaxDuration + grace = %v", d, maxDur+grace)
 	}
 }
 
