@@ -2,6 +2,7 @@ package inflight_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/middleware/inflight"
@@ -400,5 +402,49 @@ func TestKeptSlotsOfKilledReplicaLapse(t *testing.T) {
 	t.Logf("the killed replica's kept slots lapsed %v after their claim (lease %v)", waited, lease)
 	if waited < maxDur+grace-100*time.Millisecond {
 		t.Fatalf("slots free after %v, before MaxDuration + grace = %v", waited, maxDur+grace)
+	}
+}
+
+// TestKeptReleaseTwice: a permit released twice keeps its slot once, so
+// two later requests never share one row; past the limit a request is
+// refused (after its give-back wait, which no replica answers).
+func TestKeptReleaseTwice(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	pgtest.Listen(t, pool)
+	ctx := context.Background()
+	l := newLimiter(t, pool, inflight.Options{Limit: 2, Keep: time.Minute, Logger: quiet})
+	p, err := l.Acquire(ctx, "twice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held []*inflight.Permit
+	for range 2 {
+		p, err := l.Acquire(ctx, "twice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	if got := liveRows(t, pool, "twice"); got != 2 {
+		t.Fatalf("two permits on %d rows, want 2", got)
+	}
+	start := time.Now()
+	if _, err := l.Acquire(ctx, "twice"); !errors.Is(err, pglimit.ErrLimited) {
+		t.Fatalf("third permit: %v, want a refusal", err)
+	}
+	t.Logf("refused after %v", time.Since(start))
+	for _, p := range held {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := liveRows(t, pool, "twice"); got != 2 {
+		t.Fatalf("kept rows %d, want 2", got)
 	}
 }
