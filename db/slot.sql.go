@@ -8,6 +8,8 @@ package db
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 const slotClaim = `-- name: SlotClaim :many
@@ -923,7 +925,7 @@ FROM (SELECT ($3::text[])[i] AS scope, ($4::int[])[i] AS slot, ($5::text[])[i] A
 WHERE s.kind = $2::text AND s.scope = k.scope AND s.slot = k.slot
   AND s.lease_id = k.lease_id::uuid
   AND s.expires_at > now()
-RETURNING s.scope, s.slot
+RETURNING s.lease_id
 `
 
 type SlotRenewParams struct {
@@ -934,20 +936,16 @@ type SlotRenewParams struct {
 	LeaseIds []string
 }
 
-type SlotRenewRow struct {
-	Scope string
-	Slot  int32
-}
-
 // Renews the leases of slots a replica keeps between requests (the
 // in-flight cap's Options.Keep, internal/slots): each row, by its primary
 // key and its lease id, lapses @lease_ms from now again, if it is still
 // live and still the lease's. One statement for every kept slot of a
 // replica that needs it (a slot kept in use is renewed once every few
-// seconds, never per request). The rows renewed come back; a slot that
-// does not is no longer held (it lapsed) and is forgotten. (Lease ids
+// seconds, never per request). The lease ids of the rows renewed come
+// back; a slot whose lease id does not is no longer held (it lapsed) and is
+// forgotten. (Lease ids
 // travel as text, as in SlotRelease.)
-func (q *Queries) SlotRenew(ctx context.Context, db DBTX, arg *SlotRenewParams) ([]*SlotRenewRow, error) {
+func (q *Queries) SlotRenew(ctx context.Context, db DBTX, arg *SlotRenewParams) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, slotRenew,
 		arg.LeaseMs,
 		arg.Kind,
@@ -959,13 +957,13 @@ func (q *Queries) SlotRenew(ctx context.Context, db DBTX, arg *SlotRenewParams) 
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*SlotRenewRow
+	var items []uuid.UUID
 	for rows.Next() {
-		var i SlotRenewRow
-		if err := rows.Scan(&i.Scope, &i.Slot); err != nil {
+		var lease_id uuid.UUID
+		if err := rows.Scan(&lease_id); err != nil {
 			return nil, err
 		}
-		items = append(items, &i)
+		items = append(items, lease_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

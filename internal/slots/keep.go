@@ -24,8 +24,9 @@ package slots
 // Idle slots are given back in batches, one statement for many
 // (SlotRelease): by the sweep (every tick, see tickOf) those idle longer
 // than Keep, and every idle one while this replica's bus is not Live (it
-// could not hear that another replica wants them); at once those of a
-// scope another replica was refused in. That replica sends "want" on the
+// could not hear that another replica wants them, so it keeps none, and,
+// refused, asks for none); at once those of a scope another replica was
+// refused in. That replica sends "want" on the
 // bus (bus.TopicSlots), and waits up to giveBackWait for a "gave" from a
 // replica that gave some back before it claims again (and again on each
 // "gave" heard, and once more at giveBackWait) and only then answers the
@@ -48,11 +49,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/db"
@@ -387,14 +388,14 @@ func (k *keeper) renew(slots []*kept) {
 				"limit", k.l.Name, "slots", len(group), "err", err)
 			continue
 		}
-		found := map[string]bool{}
-		for _, r := range rows {
-			found[slotID(r.Scope, r.Slot)] = true
+		found := map[uuid.UUID]bool{}
+		for _, id := range rows {
+			found[id] = true
 		}
 		until := start.Add(full)
 		k.mu.Lock()
 		for _, s := range group {
-			if found[slotID(s.scope, s.slot)] {
+			if found[s.lease.ID] {
 				s.until = until
 			} else {
 				// It lapsed, or someone else released it: no longer ours.
@@ -404,8 +405,6 @@ func (k *keeper) renew(slots []*kept) {
 		k.mu.Unlock()
 	}
 }
-
-func slotID(scope string, slot int32) string { return scope + "\x00" + strconv.Itoa(int(slot)) }
 
 // errNoBus is a give-back request that could not be sent.
 var errNoBus = errors.New("slots: the give-back request was not sent")
@@ -576,7 +575,7 @@ func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, kin
 	}
 	lease, until, err := claim()
 	var refused *Refused
-	if errors.As(err, &refused) {
+	if errors.As(err, &refused) && k.bus.Live() {
 		if l2, u2, err2 := k.giveBack(ctx, scope, claim); !errors.Is(err2, errNoBus) {
 			lease, until, err = l2, u2, err2
 		}

@@ -77,7 +77,8 @@
 //
 // Idle slots are given back in batches, one statement for many: those
 // idle longer than Keep, within a sweep period (Keep/2, 5 ms..1 s) after;
-// every idle one while the replica's invalidation bus is not Live; and at
+// every idle one while the replica's invalidation bus is not Live (it
+// then keeps none, and, refused, asks for none); and at
 // once those of a token another replica was refused for: the refused
 // replica asks on the bus, the replicas that keep idle slots of the token
 // give them back and say so, and the refused request claims again when

@@ -448,3 +448,26 @@ func TestKeptReleaseTwice(t *testing.T) {
 		t.Fatalf("kept rows %d, want 2", got)
 	}
 }
+
+// TestKeptNothingWithoutBus: a replica whose invalidation bus is not Live
+// (pglimit.Run not running, or a pooler that passes no notifications)
+// could not hear another replica ask for its idle slots, so with Keep it
+// keeps none: each request claims and releases, as without Keep.
+func TestKeptNothingWithoutBus(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool, st := tracedPool(t, url, 2)
+	l := newLimiter(t, pool, inflight.Options{Limit: 1, Keep: time.Minute, Logger: quiet})
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 10 {
+		if r := call(t, h, "no-bus"); r.status != http.StatusOK {
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if got := liveRows(t, pool, "id-of-no-bus"); got != 0 {
+		t.Fatalf("%d rows kept without a bus", got)
+	}
+	if n := st.n.Load(); n != 20 {
+		t.Fatalf("%d statements for 10 requests, want 20 (a claim and a release each)", n)
+	}
+}

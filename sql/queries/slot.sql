@@ -387,8 +387,9 @@ WHERE s.kind = @kind::text
 -- key and its lease id, lapses @lease_ms from now again, if it is still
 -- live and still the lease's. One statement for every kept slot of a
 -- replica that needs it (a slot kept in use is renewed once every few
--- seconds, never per request). The rows renewed come back; a slot that
--- does not is no longer held (it lapsed) and is forgotten. (Lease ids
+-- seconds, never per request). The lease ids of the rows renewed come
+-- back; a slot whose lease id does not is no longer held (it lapsed) and is
+-- forgotten. (Lease ids
 -- travel as text, as in SlotRelease.)
 UPDATE pglimit.slot AS s
 SET expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
@@ -397,7 +398,7 @@ FROM (SELECT (@scopes::text[])[i] AS scope, (@slots::int[])[i] AS slot, (@lease_
 WHERE s.kind = @kind::text AND s.scope = k.scope AND s.slot = k.slot
   AND s.lease_id = k.lease_id::uuid
   AND s.expires_at > now()
-RETURNING s.scope, s.slot;
+RETURNING s.lease_id;
 
 -- name: SlotList :many
 -- The live slots of one kind, for operators (GET /api/limits).
