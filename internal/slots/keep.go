@@ -101,6 +101,7 @@ type keeper struct {
 	scopes  map[string]*keptScope      // stored scope key -> its kept slots
 	idle    int                        // idle kept slots, every scope
 	waiters map[string][]chan struct{} // stored scope key -> refused requests waiting for a "gave"
+	gaveAt  map[string]time.Time       // stored scope key -> when a "gave" was last heard (within giveBackWait)
 	running bool                       // the sweep runs
 	tick    time.Duration              // the sweep's period, set by the first kept claim
 }
@@ -134,7 +135,7 @@ func newKeeper(l *Limiter, pool *pgxpool.Pool, kind permit.Kind, keep, timeout t
 	_, _ = rand.Read(id[:])
 	k := &keeper{l: l, keep: keep, pool: pool, q: db.New(), kind: string(kind), timeout: timeout,
 		bus: bus.For(pool), topic: bus.TopicSlots + string(kind), id: hex.EncodeToString(id[:]),
-		scopes: map[string]*keptScope{}, waiters: map[string][]chan struct{}{}}
+		scopes: map[string]*keptScope{}, waiters: map[string][]chan struct{}{}, gaveAt: map[string]time.Time{}}
 	k.sub = k.bus.Subscribe(k.topic, k.heard, nil)
 	return k
 }
@@ -415,11 +416,17 @@ var errNoBus = errors.New("slots: the give-back request was not sent")
 // errNoBus: the request could not be sent (the caller keeps its refusal).
 // Requests of scope refused while one of this replica's already waits
 // send nothing: they wait for the answer to the one sent.
-func (k *keeper) giveBack(ctx context.Context, scope string, claim func() (*permit.Lease, time.Time, error)) (*permit.Lease, time.Time, error) {
+// A "gave" heard since the refused claim started (since) wakes it at once.
+func (k *keeper) giveBack(ctx context.Context, scope string, since time.Time, claim func() (*permit.Lease, time.Time, error)) (*permit.Lease, time.Time, error) {
 	ch := make(chan struct{})
 	k.mu.Lock()
 	send := len(k.waiters[scope]) == 0
-	k.waiters[scope] = append(k.waiters[scope], ch)
+	if at, ok := k.gaveAt[scope]; ok && at.After(since) {
+		close(ch)
+		send = false
+	} else {
+		k.waiters[scope] = append(k.waiters[scope], ch)
+	}
 	k.mu.Unlock()
 	defer k.unwait(scope, &ch)
 	if send {
@@ -489,6 +496,19 @@ func (k *keeper) heard(msg string) {
 			close(ch)
 		}
 		delete(k.waiters, scope)
+		// Remembered for giveBackWait, for the requests refused before it
+		// came that wait for it only after.
+		now := time.Now()
+		if len(k.gaveAt) >= maxKept {
+			for sc, at := range k.gaveAt {
+				if now.Sub(at) > giveBackWait {
+					delete(k.gaveAt, sc)
+				}
+			}
+		}
+		if len(k.gaveAt) < maxKept {
+			k.gaveAt[scope] = now
+		}
 	case "want":
 		ks := k.scopes[scope]
 		if ks == nil {
@@ -573,10 +593,11 @@ func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, kin
 		l.obs.Took(ctx, observe.Claim, start)
 		return lease, start.Add(c.Lease), err
 	}
+	since := time.Now()
 	lease, until, err := claim()
 	var refused *Refused
 	if errors.As(err, &refused) && k.bus.Live() {
-		if l2, u2, err2 := k.giveBack(ctx, scope, claim); !errors.Is(err2, errNoBus) {
+		if l2, u2, err2 := k.giveBack(ctx, scope, since, claim); !errors.Is(err2, errNoBus) {
 			lease, until, err = l2, u2, err2
 		}
 	}
