@@ -49,9 +49,10 @@
 // TestKeptSlotRenewed), 0.0005 statements on the slot table per request
 // for back-to-back requests, 0.016 for requests 2 ms apart under a 1 s
 // lease (the renewals; at the default lease a renewal is due every 5 s);
-// and BenchmarkWholeRequestKept, on 2 shared CPUs, a whole HTTP request
-// at p50 1.42–1.56× the handler alone (26–29 µs alone, 37–45 µs kept)
-// where the same request claiming and releasing is 10–12× (270–355 µs).
+// and BenchmarkWholeRequestKept (six runs on 2 shared CPUs), a whole
+// HTTP request at p50 1.34–1.56× the handler alone (25–29 µs alone,
+// 34–45 µs kept) where the same request claiming and releasing is
+// 8.8–12.3× (221–355 µs).
 // The slot lives in an UNLOGGED table: a crash
 // of the database empties it, which frees every token's slots (the safe
 // direction for a cap). A database that cannot be reached or does not
