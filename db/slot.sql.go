@@ -8,6 +8,8 @@ package db
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 const slotClaim = `-- name: SlotClaim :many
@@ -913,4 +915,58 @@ func (q *Queries) SlotReleaseTwo(ctx context.Context, db DBTX, arg *SlotReleaseT
 		arg.Slot2,
 	)
 	return err
+}
+
+const slotRenew = `-- name: SlotRenew :many
+UPDATE pglimit.slot AS s
+SET expires_at = now() + interval '1 millisecond' * $1::bigint
+FROM (SELECT ($3::text[])[i] AS scope, ($4::int[])[i] AS slot, ($5::text[])[i] AS lease_id
+      FROM generate_subscripts($3::text[], 1) AS i) AS k
+WHERE s.kind = $2::text AND s.scope = k.scope AND s.slot = k.slot
+  AND s.lease_id = k.lease_id::uuid
+  AND s.expires_at > now()
+RETURNING s.lease_id
+`
+
+type SlotRenewParams struct {
+	LeaseMs  int64
+	Kind     string
+	Scopes   []string
+	Slots    []int32
+	LeaseIds []string
+}
+
+// Renews the leases of slots a replica keeps between requests (the
+// in-flight cap's Options.Keep, internal/slots): each row, by its primary
+// key and its lease id, lapses @lease_ms from now again, if it is still
+// live and still the lease's. One statement for every kept slot of a
+// replica that needs it (a slot kept in use is renewed once every few
+// seconds, never per request). The lease ids of the rows renewed come
+// back; a slot whose lease id does not is no longer held (it lapsed) and is
+// forgotten. (Lease ids
+// travel as text, as in SlotRelease.)
+func (q *Queries) SlotRenew(ctx context.Context, db DBTX, arg *SlotRenewParams) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, slotRenew,
+		arg.LeaseMs,
+		arg.Kind,
+		arg.Scopes,
+		arg.Slots,
+		arg.LeaseIds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var lease_id uuid.UUID
+		if err := rows.Scan(&lease_id); err != nil {
+			return nil, err
+		}
+		items = append(items, lease_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

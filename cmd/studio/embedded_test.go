@@ -92,7 +92,7 @@ func TestFlags(t *testing.T) {
 	for _, name := range []string{
 		"-addr", "-database-url", "-read-replica-url", "-replica-name", "-demo", "-pool-max-conns",
 		"-sql-console-cap", "-sql-console-time", "-sql-console-rows", "-export-cap", "-export-time", "-export-rows",
-		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-node", "-node-rate",
+		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-token-in-flight-keep", "-node", "-node-rate",
 		"-api-rate", "-api-burst", "-dry-run", "-ban-after", "-ban-within", "-ban-for",
 		"-api-quota", "-quota-timezone", "-export-rows-per-day", "-plugin-bytes-per-month",
 	} {
@@ -108,6 +108,7 @@ func TestFlags(t *testing.T) {
 		{"-node", "a=ftp://x"},
 		{"-node", "a=http://x", "-node", "a=http://y"},
 		{"-node-rate", "0"},
+		{"-token-in-flight-keep", "-1s"},
 		{"-history-rows", "199"},
 		{"-flow-rows", "0"},
 		{"-pool-max-conns", "zero"},

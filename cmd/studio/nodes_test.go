@@ -144,10 +144,17 @@ func TestNodeQueuesAndSharedRate(t *testing.T) {
 // TestTokenInFlightAcrossReplicas: with -token-in-flight 2, a token's
 // concurrent requests spread over three replicas never run more than two at
 // once (pg_stat_activity), and the others are 429
-// too-many-requests-in-flight with limit and retryAfter.
+// too-many-requests-in-flight with limit and retryAfter; so too when the
+// replicas keep their slots between requests (-token-in-flight-keep).
 func TestTokenInFlightAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	procs, dbURL := studio(t, 3, "-token-in-flight", "2", "-sql-console-cap", "20")
+	for _, keep := range []string{"0", "1s"} {
+		t.Run("keep="+keep, func(t *testing.T) { tokenInFlightAcrossReplicas(t, keep) })
+	}
+}
+
+func tokenInFlightAcrossReplicas(t *testing.T, keep string) {
+	procs, dbURL := studio(t, 3, "-token-in-flight", "2", "-token-in-flight-keep", keep, "-sql-console-cap", "20")
 	const marker = "inflight-probe"
 	stopObserver := observePeak(t, dbURL, marker)
 	var ok, refused atomic.Int64

@@ -94,6 +94,12 @@ const (
 	// the ban's end on the database clock, in µs since 1970, a space and
 	// the key) or lifted ("-", a space and the key).
 	TopicBan = "ban"
+	// TopicSlots prefixes a kind of leased slots (permit.Kind): "slots/"
+	// + kind. A key is "want <keeper> <scope>" (a replica was refused in
+	// scope: the replicas that keep idle slots of it give them back) or
+	// "gave <keeper> <scope>" (a replica gave some back), where keeper
+	// names the sender's slot keeper (internal/slots, Keep).
+	TopicSlots = "slots/"
 	// topicPing is the bus's own liveness check.
 	topicPing = "ping"
 )

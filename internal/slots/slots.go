@@ -45,6 +45,10 @@ type Config struct {
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
 	DryRun        bool
+	// Keep, when positive, keeps the slot of a claim in one scope for up
+	// to Keep after its release, for the scope's next claim on this
+	// replica (see keep.go). Negative is an error.
+	Keep time.Duration
 }
 
 // Limiter is the core of one slot limiter. It is safe for concurrent use.
@@ -54,6 +58,7 @@ type Limiter struct {
 	leaser    *permit.Leaser
 	obs       *observe.Limit
 	scope     string
+	keeper    *keeper // nil without Keep
 }
 
 // New checks the shared options (a nil pool, a negative Timeout), fills
@@ -64,6 +69,9 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	}
 	if c.Timeout < 0 {
 		return nil, fmt.Errorf("%s: negative Timeout", c.Pkg)
+	}
+	if c.Keep < 0 {
+		return nil, fmt.Errorf("%s: negative Keep", c.Pkg)
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
@@ -81,7 +89,11 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
 	}
-	return &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0]}, nil
+	l := &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0]}
+	if c.Keep > 0 {
+		l.keeper = newKeeper(l, pool, c.Kind, c.Keep, c.Timeout)
+	}
+	return l, nil
 }
 
 // CheckCap reports a cap outside 1..pglimit.MaxLimit, naming the field.
@@ -112,6 +124,9 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, kindOf 
 	if key == "" {
 		return Held{}, nil, false, fmt.Errorf("%s: empty key", l.Pkg)
 	}
+	if l.keeper != nil && len(c.Scopes) == 1 {
+		return l.claimKept(ctx, key, c, kindOf, args...)
+	}
 	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, c)
 	l.obs.Took(ctx, observe.Claim, start)
@@ -127,8 +142,16 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, kindOf 
 }
 
 // Flush waits until every slot released so far has reached the database
-// (permit.Leaser.Flush).
-func (l *Limiter) Flush(ctx context.Context) error { return l.leaser.Flush(ctx) }
+// (permit.Leaser.Flush); with Keep, it first gives back every idle kept
+// slot, in one statement.
+func (l *Limiter) Flush(ctx context.Context) error {
+	if l.keeper != nil {
+		if err := l.keeper.flush(ctx); err != nil {
+			return err
+		}
+	}
+	return l.leaser.Flush(ctx)
+}
 
 // Fail answers a request whose claim failed: a failure that is not a
 // refusal is logged first, then onError writes the answer.
@@ -141,13 +164,18 @@ func (l *Limiter) Fail(w http.ResponseWriter, r *http.Request, err error, onErro
 
 // Held is the slots a Permit holds; the zero Held holds none (a dry-run
 // refusal).
-type Held struct{ lease *permit.Lease }
+type Held struct {
+	lease *permit.Lease
+	kept  *kept  // the slot as kept, with Keep
+	gen   uint64 // the request of kept this is
+}
 
 // Release gives the slots back and waits until the database has them, or
-// ctx ends (permit.Lease.Release). It is safe on the zero Held and more
-// than once.
+// ctx ends (permit.Lease.Release); with Keep, a slot kept for the scope's
+// next claim stays held by this replica and Release returns at once. It
+// is safe on the zero Held and more than once.
 func (h Held) Release(ctx context.Context) error {
-	if h.lease == nil {
+	if h.lease == nil || h.kept != nil && h.kept.k.put(h.kept, h.gen) {
 		return nil
 	}
 	return h.lease.Release(ctx)
@@ -163,7 +191,7 @@ const answerWait = time.Second
 // ReleaseWithin is a Handler's release before the answer completes:
 // Release waiting answerWait at most (a failure is logged by the Leaser).
 func (h Held) ReleaseWithin(ctx context.Context) {
-	if h.lease != nil {
+	if h.lease != nil && (h.kept == nil || !h.kept.k.put(h.kept, h.gen)) {
 		_ = h.lease.ReleaseWithin(ctx, answerWait)
 	}
 }

@@ -439,6 +439,7 @@ func TestBadOptions(t *testing.T) {
 		{"negative duration", inflight.Options{Key: tokenID, MaxDuration: -time.Second}, "MaxDuration"},
 		{"tiny duration", inflight.Options{Key: tokenID, MaxDuration: time.Microsecond}, "MaxDuration"},
 		{"negative timeout", inflight.Options{Key: tokenID, Timeout: -time.Second}, "Timeout"},
+		{"negative keep", inflight.Options{Key: tokenID, Keep: -time.Second}, "Keep"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := inflight.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -381,6 +381,25 @@ WHERE s.kind = @kind::text
   AND s.lease_id = ANY((@lease_ids::text[])::uuid[])
   AND s.expires_at > now();
 
+-- name: SlotRenew :many
+-- Renews the leases of slots a replica keeps between requests (the
+-- in-flight cap's Options.Keep, internal/slots): each row, by its primary
+-- key and its lease id, lapses @lease_ms from now again, if it is still
+-- live and still the lease's. One statement for every kept slot of a
+-- replica that needs it (a slot kept in use is renewed once every few
+-- seconds, never per request). The lease ids of the rows renewed come
+-- back; a slot whose lease id does not is no longer held (it lapsed) and is
+-- forgotten. (Lease ids
+-- travel as text, as in SlotRelease.)
+UPDATE pglimit.slot AS s
+SET expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
+FROM (SELECT (@scopes::text[])[i] AS scope, (@slots::int[])[i] AS slot, (@lease_ids::text[])[i] AS lease_id
+      FROM generate_subscripts(@scopes::text[], 1) AS i) AS k
+WHERE s.kind = @kind::text AND s.scope = k.scope AND s.slot = k.slot
+  AND s.lease_id = k.lease_id::uuid
+  AND s.expires_at > now()
+RETURNING s.lease_id;
+
 -- name: SlotList :many
 -- The live slots of one kind, for operators (GET /api/limits).
 SELECT scope, slot, holder, endpoint, replica, claimed_at, expires_at

@@ -321,6 +321,7 @@ func (a *App) setupLimits() error {
 	a.inflight, err = inflight.New(a.primary, inflight.Options{
 		Key:           tokenOf,
 		Limit:         cfg.TokenInFlight,
+		Keep:          cfg.TokenInFlightKeep,
 		MaxDuration:   cfg.MaxRequestTime,
 		Replica:       cfg.ReplicaName,
 		Logger:        a.log,

@@ -56,6 +56,7 @@ type Config struct {
 	UploadWindow          time.Duration
 	MaxUploadBytes        int64
 	TokenInFlight         int
+	TokenInFlightKeep     time.Duration // how long a replica keeps a token's in-flight slot after its request; 0: off
 	MaxRequestTime        time.Duration
 	APIRate               Rate // requests per user (all its tokens) over /api/ but POST /api/session; Limit 0: off
 	APIBurst              int
@@ -270,6 +271,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.DurationVar(&c.UploadWindow, "upload-window", time.Hour, "the rolling window of -uploads-per-hour")
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", 8<<20, "largest plugin accepted")
 	fs.IntVar(&c.TokenInFlight, "token-in-flight", 8, "concurrent requests per API token, across replicas")
+	fs.DurationVar(&c.TokenInFlightKeep, "token-in-flight-keep", 0, "keep a token's in-flight slot with this replica for this long after its request, so that its next request here claims nothing (inflight.Options.Keep; the cap stays exact, idle slots are given back when another replica needs them); 0 turns it off")
 	fs.DurationVar(&c.MaxRequestTime, "max-request-time", 2*time.Minute, "longest request; in-flight rows lapse this + 30s after they start")
 	fs.Var(&c.APIRate, "api-rate", "request rate per user, every API token of the user together, over every /api/ route but POST /api/session, across replicas: N/s, N/m or N/h; 0 turns it off")
 	fs.BoolVar(&c.APIBorrow, "api-borrow", false, "the rate limit borrows units for hot tokens in batches and spends them in memory (never admits past the GCRA bound; units a replica holds may refuse another replica's request)")
@@ -354,6 +356,9 @@ func (c *Config) Validate() error {
 	}
 	positive("uploads-per-hour", c.UploadsPerHour)
 	positive("token-in-flight", c.TokenInFlight)
+	if c.TokenInFlightKeep < 0 {
+		errs = append(errs, errors.New("-token-in-flight-keep must not be negative"))
+	}
 	positive("node-rate", c.NodeRate)
 	if c.APIRate.Limit > 0 && (c.APIBurst < 1 || c.APIBurst > pglimit.MaxLimit) {
 		errs = append(errs, fmt.Errorf("-api-burst must be from 1 to %d", pglimit.MaxLimit))
