@@ -192,9 +192,11 @@ func TestKeptSlotRenewed(t *testing.T) {
 	pool, st := tracedPool(t, url, 4)
 	observer := pgtest.Pool(t, url, 1)
 	pgtest.Listen(t, pool)
+	// A lease of 3 s whose renewal margin (a quarter, 750 ms) a renewal
+	// statement meets even on a loaded machine.
 	const (
-		maxDur = 600 * time.Millisecond
-		grace  = 400 * time.Millisecond
+		maxDur = 2 * time.Second
+		grace  = time.Second
 	)
 	l, err := inflight.NewWithGrace(pool, inflight.Options{Key: tokenID, Limit: 1, MaxDuration: maxDur, Keep: time.Second, Logger: quiet}, grace)
 	if err != nil {
@@ -208,18 +210,22 @@ func TestKeptSlotRenewed(t *testing.T) {
 		if n%5 != 0 {
 			return
 		}
+		began := time.Now()
 		var ms int64
 		if err := observer.QueryRow(context.Background(), `SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint
 			FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope("id-of-renewed-token")).Scan(&ms); err != nil {
 			t.Error(err)
 			return
 		}
-		if d := int64(time.Duration(ms) * time.Millisecond); d < shortest.Load() {
+		// What was left when the request began: what is left at the
+		// observer's statement, plus the time since (a loaded machine's
+		// scheduling is not the lease's fault).
+		if d := int64(time.Duration(ms)*time.Millisecond + time.Since(began)); d < shortest.Load() {
 			shortest.Store(d)
 		}
 	}))
 	start := time.Now()
-	for time.Since(start) < 3*time.Second {
+	for time.Since(start) < 4*time.Second {
 		if r := call(t, h, "renewed-token"); r.status != http.StatusOK {
 			t.Fatalf("status %d", r.status)
 		}
@@ -231,8 +237,8 @@ func TestKeptSlotRenewed(t *testing.T) {
 	if c := st.claims.Load(); c != 1 {
 		t.Errorf("%d claims, want 1: the kept slot was not renewed in time", c)
 	}
-	if st.renewals.Load() < 3 {
-		t.Errorf("%d renewals over 3 s of a lease of %v", st.renewals.Load(), maxDur+grace)
+	if st.renewals.Load() < 2 {
+		t.Errorf("%d renewals over 4 s of a lease of %v", st.renewals.Load(), maxDur+grace)
 	}
 	if per := float64(st.n.Load()) / float64(n); per > 0.05 {
 		t.Errorf("%.3f statements per request, want at most 0.05", per)
