@@ -171,6 +171,23 @@ func (r *Report) floorsSection(b *strings.Builder) {
 		w("| %s (whole request, %d client(s)) | what the in-flight cap alone adds to the handler | %s added | %s | ≤ 1.10× | | | | %s |\n",
 			strings.TrimPrefix(bench.NameRequestAPIBorrowed, "request: "), clients, formatDur(api.P50-alone.P50), formatRatio(x), verdict)
 	}
+	// Issue 30: the whole request through the borrowing rate limit and the
+	// in-flight cap keeping its slots costs at most 1.5× the handler alone
+	// (a steady client: its slot from memory, the rate from a batch).
+	for _, clients := range []int{1, 16} {
+		alone, ok1 := r.find(bench.NameRequestAlone, clients)
+		kept, ok2 := r.find(bench.NameRequestAPIKept, clients)
+		if !ok1 || !ok2 || alone.P50 <= 0 {
+			continue
+		}
+		x := float64(kept.P50) / float64(alone.P50)
+		verdict := "yes"
+		if x > 1.5 {
+			verdict = "**no**"
+		}
+		w("| %s (whole request, %d client(s)) | the handler alone | %s | %s | ≤ 1.50× | | | | %s |\n",
+			strings.TrimPrefix(bench.NameRequestAPIKept, "request: "), clients, formatDur(kept.P50), formatRatio(x), verdict)
+	}
 	w("%s", wholeRequestNote)
 }
 

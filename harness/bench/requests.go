@@ -27,6 +27,11 @@ const (
 	// NameRequestAPIBorrowed is the same chain with the rate limit
 	// borrowing (ratelimit.Options.Borrow).
 	NameRequestAPIBorrowed = "request: rate limit, borrowed + in-flight cap"
+	// NameRequestKept and NameRequestAPIKept are the in-flight cap keeping
+	// its slots (inflight.Options.Keep), alone and behind the borrowing
+	// rate limit: a steady client's slot is taken from memory.
+	NameRequestKept    = "request: in-flight cap, kept"
+	NameRequestAPIKept = "request: rate limit, borrowed + in-flight cap, kept"
 )
 
 // Requests are whole HTTP requests — a keep-alive client, an httptest
@@ -42,6 +47,10 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	flight, err := inflight.New(s.Pool, inflight.Options{Name: "bench-http", Key: key, Replica: "bench", Logger: quiet})
+	if err != nil {
+		return nil, nil, err
+	}
+	kept, err := inflight.New(s.Pool, inflight.Options{Name: "bench-http-kept", Key: key, Replica: "bench", Keep: time.Second, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -70,6 +79,8 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 		{NameRequestHeavy, "the same request through heavy.Limiter.Handler: the user's and the installation's permits claimed, the time bound on the context, both released before the answer completes", hv.Handler(ok)},
 		{NameRequestAPI, "the same request through ratelimit.Limiter.Handler then inflight.Limiter.Handler, as the reference service's /api/ routes: a rate decision (with its RateLimit headers), a slot claimed and released", rl.Handler(flight.Handler(ok))},
 		{NameRequestAPIBorrowed, "the same chain with the rate limit borrowing (Options.Borrow): the rate decision is a unit spent in memory, the slot is claimed and released as above", rlb.Handler(flight.Handler(ok))},
+		{NameRequestKept, "the in-flight cap keeping its slots for a second (inflight.Options.Keep): each loop's token is a steady client of this replica, its slot taken from memory and renewed now and then", kept.Handler(ok)},
+		{NameRequestAPIKept, "the borrowing rate limit then the in-flight cap keeping its slots: a steady client's whole request with no statement but the occasional borrow and renewal", rlb.Handler(kept.Handler(ok))},
 	}
 	var servers []*httptest.Server
 	stop := func() {
@@ -77,6 +88,7 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 			srv.Close()
 		}
 		_ = rlb.Flush(context.Background())
+		_ = kept.Flush(context.Background())
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}
 	var paths []Path
