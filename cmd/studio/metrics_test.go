@@ -272,3 +272,57 @@ func TestMetricsCountEveryLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestMetricsCountTheQuotas: the three quotas are counted in
+// pglimit_decisions_total under their names (quota, export-rows,
+// plugin-bytes), granted and refused, with scope key and no user name in
+// any label: -api-quota 5/day admits bob's first five requests and
+// refuses the sixth; -export-rows-per-day 1000 grants his first export
+// (row cap 1000) and refuses the second; -plugin-bytes-per-month 100
+// grants a plugin of 60 bytes and refuses the next of 60.
+func TestMetricsCountTheQuotas(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 1, "-api-quota", "5/day", "-export-rows-per-day", "1000", "-export-rows", "1000",
+		"-plugin-bytes-per-month", "100", "-api-rate", "0", "-token-in-flight", "100")
+	base := procs[0].URL
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		if r := call(t, http.MethodGet, base+"/api/audit/export", "carol-token", nil); r.Status != want {
+			t.Fatalf("carol's export %d: %d %.200s", i+1, r.Status, r.Body)
+		}
+	}
+	for i, want := range []int{http.StatusCreated, http.StatusTooManyRequests} {
+		if r := upload(t, base, "alice-token", fmt.Sprintf("m%d.jar", i), []byte(strings.Repeat(fmt.Sprint(i), 60))); r.Status != want {
+			t.Fatalf("alice's upload %d: %d %.200s", i+1, r.Status, r.Body)
+		}
+	}
+	for i := range 6 {
+		want := http.StatusOK
+		if i == 5 {
+			want = http.StatusTooManyRequests
+		}
+		if r := call(t, http.MethodGet, base+"/api/limits/usage", "bob-token", nil); r.Status != want {
+			t.Fatalf("bob's request %d: %d %.200s", i+1, r.Status, r.Body)
+		}
+	}
+	text := scrape(t, base)
+	got := sums(t, text, "pglimit_decisions_total", "limit", "outcome", "scope")
+	for name, want := range map[string]int64{
+		"export-rows granted key": 1, "export-rows refused key": 1,
+		"plugin-bytes granted key": 1, "plugin-bytes refused key": 1,
+		"quota refused key": 1,
+	} {
+		if got[name] != want {
+			t.Errorf("pglimit_decisions_total %s = %d, want %d (all: %v)", name, got[name], want, got)
+		}
+	}
+	// Every request of a token to an /api/ route is charged to its user's
+	// quota first: carol's two exports, alice's two uploads, bob's five.
+	if g := got["quota granted key"]; g != 9 {
+		t.Errorf("pglimit_decisions_total quota granted key = %d, want 9", g)
+	}
+	for _, personal := range []string{"alice", "bob", "carol", "-token"} {
+		if strings.Contains(text, personal) {
+			t.Errorf("/metrics names %q", personal)
+		}
+	}
+}
