@@ -26,8 +26,10 @@ import (
 // (8), access and middleware/rules (22), the gRPC accessors (3) and
 // middleware/quota (6); 270 with ratelimit's Keys and KeyState, looking
 // at a rate's keys without spending (issue 31). Issue 28 asks for this to
-// shrink: the engines under one shape.)
-const maxExported = 270
+// shrink: the engines under one shape. 266 since issue 28 point 5 moved
+// the broker's words out of nodelimit (4 fewer: Kind, KindSearch,
+// KindRead and ReadAll, now in the reference service's Jolokia client).)
+const maxExported = 266
 
 // notPublic are the folders whose packages are not the library's API.
 var notPublic = []string{"internal", "cmd", "examples", "db", "harness", "tools", "testdata", "docs", "sql/queries"}

@@ -56,7 +56,7 @@ func Example() {
 	}
 	for range 3 {
 		// One HTTP POST is one call: wait for this replica's turn first.
-		if err := node.Wait(ctx, nodelimit.KindSearch); err != nil {
+		if err := node.Wait(ctx); err != nil {
 			fmt.Println(err) // errors.Is(err, nodelimit.ErrNoTurn): the request ended first
 			return
 		}
@@ -69,27 +69,4 @@ func Example() {
 	fmt.Printf("this replica's share: %v calls/s\n", node.Limit())
 	// Output:
 	// this replica's share: 20 calls/s
-}
-
-// ReadAll keeps the order of the items across its batches.
-func ExampleReadAll() {
-	names := make([]string, 450)
-	for i := range names {
-		names[i] = fmt.Sprintf("q%d", i+1)
-	}
-	lengths, _ := nodelimit.ReadAll(context.Background(), names, 200,
-		func(_ context.Context, batch []string) ([]int, error) {
-			fmt.Println("one call with", len(batch), "reads, from", batch[0])
-			out := make([]int, len(batch))
-			for i, n := range batch {
-				out[i] = len(n)
-			}
-			return out, nil
-		})
-	fmt.Println(len(lengths), lengths[0], lengths[449])
-	// Output:
-	// one call with 200 reads, from q1
-	// one call with 200 reads, from q201
-	// one call with 50 reads, from q401
-	// 450 2 4
 }

@@ -10,15 +10,13 @@ const (
 )
 
 var (
-	Share          = share
-	ErrRunTwice    = errRunTwice
-	ErrBatchLength = errBatchLength
+	Share       = share
+	ErrRunTwice = errRunTwice
 )
 
 type WaitError = waitError
 
 func (e *WaitError) Node() string { return e.node }
-func (e *WaitError) Kind() Kind   { return e.kind }
 
 // ReadyReplicas is the ready count l computes the shares with.
 func ReadyReplicas(l *Limiter) int { return l.readyReplicas() }

@@ -1,6 +1,8 @@
 // Package nodelimit keeps the calls that all replicas of a service make to
-// one broker node within that node's rate, without a database round trip
-// per call.
+// a shared upstream node (a broker, a management API, a third-party
+// endpoint with a rate of its own) within that node's rate, without a
+// database round trip per call. A call is whatever the caller makes after
+// one Wait: nodelimit neither knows nor names what it is.
 //
 // What it guarantees: a node's rate (20 calls per second unless
 // Options.Rate or Options.NodeRates say otherwise) is divided by the number
@@ -10,8 +12,7 @@
 // Options.Replicas (a replica.Registry's ReadyReplicas) and is re-read by
 // Run every 5 s by default; when it changes, every node's share follows.
 // Until the count has been read (by Run or by Refresh), a replica takes
-// itself for the only one. ReadAll sends a long list of reads in batches of
-// at most 200, one call per batch, and keeps the order of the results.
+// itself for the only one.
 //
 // What it costs: nothing in the database per call — a shared counter would
 // cost a round trip per management call, more than it saves — only one
@@ -27,7 +28,14 @@
 // once a second, and the node then sees more than its rate.
 //
 // Every call that got its turn is counted in the OpenTelemetry counter
-// pglimit.nodelimit.calls, with the attribute kind (search or read).
+// pglimit.nodelimit.calls, without attributes: the limiter's own word that
+// it keeps to the rate, readable beside the node's rate by a service that
+// counts nothing itself, and the same for every kind of call. What the
+// calls are (a search or a read, an endpoint, a node) is the caller's
+// vocabulary and belongs in the caller's own metric; the reference
+// service, for one, counts its Jolokia calls by kind in
+// studio.broker.calls. The counter carries no node name, so its cost does
+// not grow with the nodes.
 package nodelimit
 
 import (
@@ -41,20 +49,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
-)
-
-// Kind is the kind of a call to a broker node, the value of the kind
-// attribute of pglimit.nodelimit.calls.
-type Kind string
-
-const (
-	// KindSearch is a search for MBean names.
-	KindSearch Kind = "search"
-	// KindRead is a read of MBean attributes.
-	KindRead Kind = "read"
 )
 
 // metricName is the counter every call that got its turn is counted in.
@@ -73,10 +69,6 @@ const maxRate rate.Limit = 1_000_000
 // defaultRefresh is how often the ready count is re-read when
 // Options.Refresh is zero.
 const defaultRefresh = 5 * time.Second
-
-// batchSize is the most reads ReadAll sends in one call when its size is
-// zero or less.
-const batchSize = 200
 
 // Options configure a Limiter. The zero value is ready to use: 20 calls per
 // second per node, this replica taken for the only one.
@@ -104,7 +96,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Limiter is one replica's limiter of calls to broker nodes: one token
+// Limiter is one replica's limiter of calls to upstream nodes: one token
 // bucket per node. It is safe for concurrent use.
 type Limiter struct {
 	rate      rate.Limit
@@ -113,8 +105,6 @@ type Limiter struct {
 	refresh   time.Duration
 	log       *slog.Logger
 	counter   metric.Int64Counter
-	addSearch []metric.AddOption
-	addRead   []metric.AddOption
 
 	ready     atomic.Int64 // the ready count in use
 	readFails atomic.Bool  // the last read of the ready count failed
@@ -129,23 +119,22 @@ type Limiter struct {
 // ErrNoTurn is matched (errors.Is) by the error of every call that did not
 // get its turn: the caller's context ended first, or its deadline would
 // have passed before the turn. The error also matches the context's error
-// (context.Canceled or context.DeadlineExceeded) and names the node, the
-// kind of call and the replica's share.
-var ErrNoTurn = errors.New("nodelimit: the request ended before its turn to call the broker node")
+// (context.Canceled or context.DeadlineExceeded) and names the node and the
+// replica's share.
+var ErrNoTurn = errors.New("nodelimit: the request ended before its turn to call the node")
 
 // waitError is a call that did not get its turn. It unwraps to the
 // context's error (context.DeadlineExceeded when the deadline would pass
 // before the turn, which Wait knows at once).
 type waitError struct {
 	node  string
-	kind  Kind
 	limit rate.Limit // the replica's share of the node's rate when the call gave up
 	err   error      // the context's error
 }
 
 func (e *waitError) Error() string {
-	return fmt.Sprintf("nodelimit: %s call to node %q: no turn at %s calls/s before the request ended: %v",
-		e.kind, e.node, formatLimit(e.limit), e.err)
+	return fmt.Sprintf("nodelimit: call to node %q: no turn at %s calls/s before the request ended: %v",
+		e.node, formatLimit(e.limit), e.err)
 }
 
 // Is reports whether target is ErrNoTurn.
@@ -205,17 +194,14 @@ func New(opts Options) (*Limiter, error) {
 		opts.Logger = slog.Default()
 	}
 	counter, err := opts.MeterProvider.Meter(meterName).Int64Counter(metricName,
-		metric.WithDescription("Calls made to broker nodes (one Jolokia HTTP POST is one call), by kind."),
+		metric.WithDescription("Calls to upstream nodes that got their turn from the node limiter."),
 		metric.WithUnit("{call}"))
 	if err != nil {
 		return nil, fmt.Errorf("nodelimit: counter %s: %w", metricName, err)
 	}
 	l := &Limiter{
 		rate: opts.Rate, nodeRates: nodeRates, replicas: opts.Replicas, refresh: opts.Refresh,
-		log: opts.Logger, counter: counter,
-		addSearch: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", string(KindSearch))))},
-		addRead:   []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", string(KindRead))))},
-		nodes:     map[string]*Node{},
+		log: opts.Logger, counter: counter, nodes: map[string]*Node{},
 	}
 	l.ready.Store(1)
 	return l, nil
@@ -338,7 +324,7 @@ func (l *Limiter) Node(name string) (*Node, error) {
 	return n, nil
 }
 
-// Node limits this replica's calls to one broker node. It is safe for
+// Node limits this replica's calls to one upstream node. It is safe for
 // concurrent use.
 type Node struct {
 	name  string
@@ -365,62 +351,19 @@ func (n *Node) Limit() rate.Limit { return n.rl.Limit() }
 // second: one second of its share.
 func (n *Node) burst() int { return n.rl.Burst() }
 
-// Wait waits for this replica's turn to make one call of kind to the node,
-// then counts the call in pglimit.nodelimit.calls. When ctx ends first — or
-// its deadline would pass before the turn, which Wait knows at once — it
+// Wait waits for this replica's turn to make one call to the node, then
+// counts the call in pglimit.nodelimit.calls. When ctx ends first — or its
+// deadline would pass before the turn, which Wait knows at once — it
 // returns an error matching ErrNoTurn and the context's error, and the call
 // is not counted. Wait makes no database round trip.
-func (n *Node) Wait(ctx context.Context, kind Kind) error {
-	var add []metric.AddOption
-	switch kind {
-	case KindSearch:
-		add = n.l.addSearch
-	case KindRead:
-		add = n.l.addRead
-	default:
-		return fmt.Errorf("nodelimit: unknown call kind %q", kind)
-	}
+func (n *Node) Wait(ctx context.Context) error {
 	if err := n.rl.Wait(ctx); err != nil {
 		cause := ctx.Err()
 		if cause == nil { // the deadline would pass before the turn
 			cause = context.DeadlineExceeded
 		}
-		return &waitError{node: n.name, kind: kind, limit: n.rl.Limit(), err: cause}
+		return &waitError{node: n.name, limit: n.rl.Limit(), err: cause}
 	}
-	n.l.counter.Add(ctx, 1, add...)
+	n.l.counter.Add(ctx, 1)
 	return nil
-}
-
-// errBatchLength is returned by ReadAll when a batch's read returns a
-// different number of results than it was given items.
-var errBatchLength = errors.New("nodelimit: a batch read returned the wrong number of results")
-
-// ReadAll reads items in batches of at most size (200 when size is zero or
-// less), calling read once per batch, in order, and returns the results in
-// the order of items. read makes one call (and so waits on the node's
-// limiter once); it must return one result per item of its batch, or
-// ReadAll fails. ReadAll stops at the first error, returned wrapped with
-// the batch it came from, and before each batch when ctx has ended.
-func ReadAll[T, R any](ctx context.Context, items []T, size int, read func(ctx context.Context, batch []T) ([]R, error)) ([]R, error) {
-	if size <= 0 {
-		size = batchSize
-	}
-	out := make([]R, 0, len(items))
-	batches := (len(items) + size - 1) / size
-	for i := 0; i < len(items); i += size {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		end := min(i+size, len(items))
-		batch := items[i:end:end] // an append in read cannot reach the next batch
-		got, err := read(ctx, batch)
-		if err != nil {
-			return nil, fmt.Errorf("batch %d of %d: %w", i/size+1, batches, err)
-		}
-		if len(got) != len(batch) {
-			return nil, fmt.Errorf("%w: batch %d of %d: %d results for %d items", errBatchLength, i/size+1, batches, len(got), len(batch))
-		}
-		out = append(out, got...)
-	}
-	return out, nil
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -123,10 +122,10 @@ func nodeOf(t testing.TB, l *nodelimit.Limiter, name string) *nodelimit.Node {
 	return n
 }
 
-// countingNode stands in for a broker node: it answers every POST and
+// countingNode stands in for an upstream node: it answers every POST and
 // records when each arrived, the observer of the rate the node sees. (The
-// reference service's Jolokia client and its fake node are tested against
-// this limiter in cmd/.)
+// reference service's Jolokia client and its fake broker node are tested
+// against this limiter in cmd/.)
 type countingNode struct {
 	mu    sync.Mutex
 	calls []time.Time
@@ -138,7 +137,7 @@ func (n *countingNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n.calls = append(n.calls, time.Now())
 	n.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = io.WriteString(w, `[{"status":200,"value":[]}]`)
+	_, _ = io.WriteString(w, `{}`)
 }
 
 // Calls returns the arrival times, in order.
@@ -162,11 +161,11 @@ type client struct {
 	node *nodelimit.Node
 }
 
-func (c *client) call(ctx context.Context, kind nodelimit.Kind) error {
-	if err := c.node.Wait(ctx, kind); err != nil {
+func (c *client) call(ctx context.Context) error {
+	if err := c.node.Wait(ctx); err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(`[{"type":"search"}]`))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(`{}`))
 	if err != nil {
 		return err
 	}
@@ -178,8 +177,8 @@ func (c *client) call(ctx context.Context, kind nodelimit.Kind) error {
 	return resp.Body.Close()
 }
 
-// rep is one stand-in replica: its own pool, registry, limiter and Jolokia
-// client of the shared fake node.
+// rep is one stand-in replica: its own pool, registry, limiter and client
+// of the shared fake node.
 type rep struct {
 	pool   *pgxpool.Pool
 	reg    *replica.Registry
@@ -247,7 +246,7 @@ func TestThreeReplicasKeepToTheNodeRate(t *testing.T) {
 		for range 4 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					if err := r.client.call(ctx, nodelimit.KindSearch); err != nil && ctx.Err() == nil {
+					if err := r.client.call(ctx); err != nil && ctx.Err() == nil {
 						unexpected.Store(err)
 					}
 				}
@@ -363,18 +362,18 @@ func TestRateBelowReplicas(t *testing.T) {
 		}
 	}
 	n := reps[0].node
-	if err := n.Wait(context.Background(), nodelimit.KindSearch); err != nil {
+	if err := n.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 900*time.Millisecond)
 	defer cancel()
-	if err := n.Wait(ctx, nodelimit.KindSearch); !errors.Is(err, nodelimit.ErrNoTurn) {
+	if err := n.Wait(ctx); !errors.Is(err, nodelimit.ErrNoTurn) {
 		t.Fatalf("second call within 900 ms: %v, want ErrNoTurn (next turn a second after the first)", err)
 	}
 	// The other replicas each have their own call this second.
 	for _, r := range reps[1:] {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		err := r.node.Wait(ctx, nodelimit.KindSearch)
+		err := r.node.Wait(ctx)
 		cancel()
 		if err != nil {
 			t.Fatalf("another replica's first call: %v", err)
@@ -407,17 +406,17 @@ func TestWaitEndsWithContext(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	l := newLimiter(t, nodelimit.Options{Rate: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	n := nodeOf(t, l, "n")
-	if err := n.Wait(context.Background(), nodelimit.KindRead); err != nil {
+	if err := n.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	start := time.Now()
-	err := n.Wait(ctx, nodelimit.KindRead)
+	err := n.Wait(ctx)
 	waited := time.Since(start)
 	var we *nodelimit.WaitError
-	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Node() != "n" || we.Kind() != nodelimit.KindRead {
+	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Node() != "n" {
 		t.Fatalf("canceled while waiting: %v, want a wait error matching ErrNoTurn and context.Canceled", err)
 	}
 	if waited > 500*time.Millisecond {
@@ -427,7 +426,7 @@ func TestWaitEndsWithContext(t *testing.T) {
 	ctx, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel2()
 	start = time.Now()
-	err = n.Wait(ctx, nodelimit.KindSearch)
+	err = n.Wait(ctx)
 	if !errors.Is(err, nodelimit.ErrNoTurn) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("deadline before the turn: %v, want ErrNoTurn and DeadlineExceeded", err)
 	}
@@ -438,19 +437,20 @@ func TestWaitEndsWithContext(t *testing.T) {
 		t.Fatalf("error text %q does not name the node", err)
 	}
 
-	if got := collect(t, reader); !cmp.Equal(got, map[string]int64{"read": 1}) {
+	if got := collect(t, reader); got != 1 {
 		t.Fatalf("counted %v; want only the call that got its turn", got)
 	}
 }
 
-// collect returns pglimit.nodelimit.calls by kind.
-func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+// collect returns pglimit.nodelimit.calls, checking that it carries no
+// attribute.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]int64{}
+	var got int64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if m.Name != nodelimit.MetricName {
@@ -461,41 +461,41 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 				t.Fatalf("%s is %T, want a monotonic int64 sum", m.Name, m.Data)
 			}
 			for _, dp := range sum.DataPoints {
-				kind, _ := dp.Attributes.Value("kind")
-				if dp.Attributes.Len() != 1 {
-					t.Fatalf("data point attributes %v, want only kind", dp.Attributes.ToSlice())
+				if dp.Attributes.Len() != 0 {
+					t.Fatalf("data point attributes %v, want none", dp.Attributes.ToSlice())
 				}
-				got[kind.AsString()] += dp.Value
+				got += dp.Value
 			}
 		}
 	}
 	return got
 }
 
-// TestMetricCountsEachKind: every turn taken is counted by kind (a queue
-// listing of 450 queues: one search and three reads).
-func TestMetricCountsEachKind(t *testing.T) {
+// TestMetricCountsEveryTurn: every turn taken is counted, on every node,
+// in one series without attributes (what the calls are is the caller's to
+// count).
+func TestMetricCountsEveryTurn(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	fn, srv := newFakeNode(t)
 	c := &client{url: srv.URL, node: nodeOf(t, l, "fake")}
-	for _, kind := range []nodelimit.Kind{nodelimit.KindSearch, nodelimit.KindRead, nodelimit.KindRead, nodelimit.KindRead} {
-		if err := c.call(context.Background(), kind); err != nil {
+	for range 4 {
+		if err := c.call(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := len(fn.Calls()); n != 4 {
 		t.Fatalf("the node received %d calls, want 4", n)
 	}
-	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 3}; !cmp.Equal(got, want) {
-		t.Fatalf("pglimit.nodelimit.calls = %v, want %v", got, want)
+	if got := collect(t, reader); got != 4 {
+		t.Fatalf("pglimit.nodelimit.calls = %d, want 4", got)
 	}
-	if err := nodeOf(t, l, "other").Wait(context.Background(), nodelimit.KindRead); err != nil {
+	if err := nodeOf(t, l, "other").Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := collect(t, reader), map[string]int64{"search": 1, "read": 4}; !cmp.Equal(got, want) {
-		t.Fatalf("after a read on another node: %v, want %v", got, want)
+	if got := collect(t, reader); got != 5 {
+		t.Fatalf("after a call to another node: %d, want 5", got)
 	}
 }
 
@@ -510,7 +510,7 @@ func TestNoReadyCountPerCall(t *testing.T) {
 	before := ready.reads.Load()
 	n := nodeOf(t, l, "n")
 	for range 10_000 {
-		if err := n.Wait(context.Background(), nodelimit.KindRead); err != nil {
+		if err := n.Wait(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -598,74 +598,6 @@ func TestBadOptions(t *testing.T) {
 	if nodelimit.Rate(n) != nodelimit.DefaultRate || n.Limit() != 20 || nodelimit.Burst(n) != 20 || nodelimit.ReadyReplicas(l) != 1 {
 		t.Fatalf("defaults: rate %v limit %v burst %d ready %d", nodelimit.Rate(n), n.Limit(), nodelimit.Burst(n), nodelimit.ReadyReplicas(l))
 	}
-	if err := n.Wait(context.Background(), "write"); err == nil || errors.Is(err, nodelimit.ErrNoTurn) {
-		t.Fatalf("unknown kind: %v", err)
-	}
-}
-
-func TestReadAll(t *testing.T) {
-	t.Parallel()
-	items := make([]int, 450)
-	for i := range items {
-		items[i] = i
-	}
-	var sizes []int
-	got, err := nodelimit.ReadAll(context.Background(), items, 0, func(_ context.Context, batch []int) ([]string, error) {
-		sizes = append(sizes, len(batch))
-		out := make([]string, len(batch))
-		for i, v := range batch {
-			out[i] = fmt.Sprint(v)
-		}
-		return out, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !cmp.Equal(sizes, []int{200, 200, 50}) {
-		t.Fatalf("batch sizes %v, want [200 200 50]", sizes)
-	}
-	for i, s := range got {
-		if s != fmt.Sprint(i) {
-			t.Fatalf("result %d is %q: order not kept", i, s)
-		}
-	}
-	if len(got) != 450 {
-		t.Fatalf("%d results", len(got))
-	}
-
-	calls := 0
-	none, err := nodelimit.ReadAll(context.Background(), []int{}, 0, func(context.Context, []int) ([]int, error) { calls++; return nil, nil })
-	if err != nil || len(none) != 0 || calls != 0 {
-		t.Fatalf("no items: %v, %v, %d calls", none, err, calls)
-	}
-
-	boom := errors.New("boom")
-	for _, tc := range []struct {
-		name string
-		read func(context.Context, []int) ([]int, error)
-		want error
-	}{
-		{"short", func(_ context.Context, b []int) ([]int, error) { return b[1:], nil }, nodelimit.ErrBatchLength},
-		{"long", func(_ context.Context, b []int) ([]int, error) { return append(b, 0), nil }, nodelimit.ErrBatchLength},
-		{"error in the second batch", func(_ context.Context, b []int) ([]int, error) {
-			if b[0] == 200 {
-				return nil, boom
-			}
-			return b, nil
-		}, boom},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := nodelimit.ReadAll(context.Background(), items, 200, tc.read)
-			if !errors.Is(err, tc.want) || got != nil {
-				t.Fatalf("ReadAll = %d results, %v; want %v", len(got), err, tc.want)
-			}
-		})
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := nodelimit.ReadAll(ctx, items, 200, func(_ context.Context, b []int) ([]int, error) { return b, nil }); !errors.Is(err, context.Canceled) {
-		t.Fatalf("ended context: %v", err)
-	}
 }
 
 // BenchmarkWait measures the limiter's own cost per call with an unlimited
@@ -701,8 +633,8 @@ func BenchmarkWait(b *testing.B) {
 		})
 	}
 	nNoop, nSDK := nodeOf(b, noop, "n"), nodeOf(b, sdk, "n")
-	run("Node.Wait/inf/global-meter", func() error { return nNoop.Wait(ctx, nodelimit.KindRead) })
-	run("Node.Wait/inf/sdk-meter", func() error { return nSDK.Wait(ctx, nodelimit.KindRead) })
+	run("Node.Wait/inf/global-meter", func() error { return nNoop.Wait(ctx) })
+	run("Node.Wait/inf/sdk-meter", func() error { return nSDK.Wait(ctx) })
 	plain := rate.NewLimiter(rate.Inf, 1)
 	run("baseline/rate.Limiter.Allow/inf", func() error {
 		if !plain.Allow() {

@@ -12,7 +12,7 @@
 // replica from New on, before its first heartbeat is written, until it
 // drains: never fewer than one. Ready says whether this replica's own
 // heartbeat is current, for a /readyz endpoint. The node call limiter
-// (package nodelimit) divides a broker node's rate by ReadyReplicas.
+// (package nodelimit) divides an upstream node's rate by ReadyReplicas.
 //
 // What it costs: one small upsert per replica and heartbeat, and one
 // indexed count per ReadyReplicas call. New starts nothing and touches no

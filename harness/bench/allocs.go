@@ -170,9 +170,9 @@ func NoDBCases() ([]AllocCase, func(), error) {
 		{Name: "upload: unidentified (passes)", What: "upload.Limiter.Handler, request without an identity: passes to next uncounted", Run: serve(uploadH, get, http.StatusOK)},
 		{Name: "inflight: unidentified (passes)", What: "inflight.Limiter.Handler, request without a token identity: passes to next uncounted", Run: serve(flightH, get, http.StatusOK)},
 		{Name: "readroute: routed (200)", What: "readroute.Router.Handler choosing the healthy replica (no query)", Run: serve(routed, get, http.StatusOK)},
-		{Name: "nodelimit: Node.Wait", What: "one broker call's turn at rate.Inf, counted in studio.broker.calls",
+		{Name: "nodelimit: Node.Wait", What: "one call's turn at rate.Inf, counted in pglimit.nodelimit.calls",
 			Run: func() {
-				if err := node.Wait(ctx, nodelimit.KindRead); err != nil {
+				if err := node.Wait(ctx); err != nil {
 					panic(err)
 				}
 			}},

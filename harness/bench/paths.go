@@ -541,9 +541,9 @@ func (s *Suite) Limits() []Path {
 					return err
 				}, nil
 			}},
-		{Name: NameNode, Kind: Limit, What: "nodelimit Node.Wait with rate.Inf: the limiter's own cost per broker call (no database)",
+		{Name: NameNode, Kind: Limit, What: "nodelimit Node.Wait with rate.Inf: the limiter's own cost per call to an upstream node (no database)",
 			New: func(int) (Op, error) {
-				return func(ctx context.Context) error { return s.node.Wait(ctx, nodelimit.KindRead) }, nil
+				return func(ctx context.Context) error { return s.node.Wait(ctx) }, nil
 			}},
 	}
 }

@@ -5,9 +5,10 @@
 // Every POST is one call for the node limiter: before it is sent the client
 // waits for its turn on a Gate (a *nodelimit.Node), then counts it in the
 // reference service's counter studio.broker.calls, tagged kind (search or
-// read). Queues lists a node's queues with their MessageCount and
-// ConsumerCount: one search call, then the reads in batches of at most 200
-// per call (nodelimit.ReadAll).
+// read): the kinds are this client's vocabulary, not the limiter's, which
+// only shares a call rate. Queues lists a node's queues with their
+// MessageCount and ConsumerCount: one search call, then the reads in
+// batches of at most ReadsPerCall (200) per call (ReadAll).
 //
 // A node that does not answer in time, cannot be reached, or answers
 // something that is not the expected Jolokia answer gives an *Error
@@ -33,15 +34,25 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/pglimit/pglimit/nodelimit"
 )
 
 // MetricCalls is the counter of calls made to broker nodes, tagged kind
 // (search, read): one POST is one call.
 const MetricCalls = "studio.broker.calls"
 
-// ReadsPerCall is the most reads one POST carries.
+// Kind is the kind of a call to a broker node, the value of the kind
+// attribute of studio.broker.calls.
+type Kind string
+
+const (
+	// KindSearch is a search for MBean names.
+	KindSearch Kind = "search"
+	// KindRead is a read of MBean attributes.
+	KindRead Kind = "read"
+)
+
+// ReadsPerCall is the most reads one POST carries, and ReadAll's batch
+// size when its size is zero or less.
 const ReadsPerCall = 200
 
 // QueuePattern is the search pattern of every queue MBean of a node.
@@ -61,8 +72,9 @@ const DefaultTimeout = 10 * time.Second
 const DefaultMaxAnswerBytes = 32 << 20
 
 // Gate is what a POST waits on for its turn; *nodelimit.Node implements it.
+// It is told nothing of the call: every kind waits on the same turn.
 type Gate interface {
-	Wait(ctx context.Context, kind nodelimit.Kind) error
+	Wait(ctx context.Context) error
 }
 
 // Options configure a Client.
@@ -190,7 +202,7 @@ type Error struct {
 	// Endpoint is the URL posted to.
 	Endpoint string
 	// Kind is the call's kind.
-	Kind nodelimit.Kind
+	Kind Kind
 	// NoAnswer is true when the node did not answer, false when it answered
 	// garbage.
 	NoAnswer bool
@@ -240,7 +252,7 @@ var errTimeout = errors.New("no answer within the timeout")
 // call's turn, and returns the node's answers in the same order. Only
 // transport and shape are checked here: one answer per request, each with a
 // status; a request's own error status is left to the caller.
-func (c *Client) Bulk(ctx context.Context, kind nodelimit.Kind, reqs []Request) ([]Response, error) {
+func (c *Client) Bulk(ctx context.Context, kind Kind, reqs []Request) ([]Response, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -248,7 +260,7 @@ func (c *Client) Bulk(ctx context.Context, kind nodelimit.Kind, reqs []Request) 
 	if err != nil {
 		return nil, fmt.Errorf("jolokia: encode requests: %w", err)
 	}
-	if err := c.gate.Wait(ctx, kind); err != nil {
+	if err := c.gate.Wait(ctx); err != nil {
 		return nil, err
 	}
 	c.calls.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", string(kind))))
@@ -317,18 +329,18 @@ func (c *Client) Bulk(ctx context.Context, kind nodelimit.Kind, reqs []Request) 
 
 // Search returns the MBean names matching pattern, in one search call.
 func (c *Client) Search(ctx context.Context, pattern string) ([]string, error) {
-	resps, err := c.Bulk(ctx, nodelimit.KindSearch, []Request{{Type: "search", MBean: pattern}})
+	resps, err := c.Bulk(ctx, KindSearch, []Request{{Type: "search", MBean: pattern}})
 	if err != nil {
 		return nil, err
 	}
 	r := resps[0]
 	if r.Status != http.StatusOK {
-		return nil, &Error{Endpoint: c.endpoint, Kind: nodelimit.KindSearch,
+		return nil, &Error{Endpoint: c.endpoint, Kind: KindSearch,
 			Reason: fmt.Sprintf("search failed with status %d: %s", r.Status, r.Error)}
 	}
 	var names []string
 	if err := json.Unmarshal(r.Value, &names); err != nil || names == nil && !bytes.Equal(bytes.TrimSpace(r.Value), []byte("[]")) {
-		return nil, &Error{Endpoint: c.endpoint, Kind: nodelimit.KindSearch, Reason: "search value is not a list of names", Err: err}
+		return nil, &Error{Endpoint: c.endpoint, Kind: KindSearch, Reason: "search value is not a list of names", Err: err}
 	}
 	return names, nil
 }
@@ -347,7 +359,42 @@ type Counts struct {
 // ReadCounts reads MessageCount and ConsumerCount of each MBean, in calls
 // of at most ReadsPerCall reads, and returns them in the order of mbeans.
 func (c *Client) ReadCounts(ctx context.Context, mbeans []string) ([]Counts, error) {
-	return nodelimit.ReadAll(ctx, mbeans, ReadsPerCall, c.readBatch)
+	return ReadAll(ctx, mbeans, ReadsPerCall, c.readBatch)
+}
+
+// errBatchLength is returned by ReadAll when a batch's read returns a
+// different number of results than it was given items.
+var errBatchLength = errors.New("jolokia: a batch read returned the wrong number of results")
+
+// ReadAll reads items in batches of at most size (ReadsPerCall, 200, when
+// size is zero or less), calling read once per batch, in order, and
+// returns the results in the order of items. read makes one call (and so
+// waits on the node's Gate once); it must return one result per item of
+// its batch, or ReadAll fails. ReadAll stops at the first error, returned
+// wrapped with the batch it came from, and before each batch when ctx has
+// ended.
+func ReadAll[T, R any](ctx context.Context, items []T, size int, read func(ctx context.Context, batch []T) ([]R, error)) ([]R, error) {
+	if size <= 0 {
+		size = ReadsPerCall
+	}
+	out := make([]R, 0, len(items))
+	batches := (len(items) + size - 1) / size
+	for i := 0; i < len(items); i += size {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		end := min(i+size, len(items))
+		batch := items[i:end:end] // an append in read cannot reach the next batch
+		got, err := read(ctx, batch)
+		if err != nil {
+			return nil, fmt.Errorf("batch %d of %d: %w", i/size+1, batches, err)
+		}
+		if len(got) != len(batch) {
+			return nil, fmt.Errorf("%w: batch %d of %d: %d results for %d items", errBatchLength, i/size+1, batches, len(got), len(batch))
+		}
+		out = append(out, got...)
+	}
+	return out, nil
 }
 
 func (c *Client) readBatch(ctx context.Context, mbeans []string) ([]Counts, error) {
@@ -355,14 +402,14 @@ func (c *Client) readBatch(ctx context.Context, mbeans []string) ([]Counts, erro
 	for i, m := range mbeans {
 		reqs[i] = Request{Type: "read", MBean: m, Attribute: []string{AttrMessageCount, AttrConsumerCount}}
 	}
-	resps, err := c.Bulk(ctx, nodelimit.KindRead, reqs)
+	resps, err := c.Bulk(ctx, KindRead, reqs)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Counts, len(resps))
 	for i, r := range resps {
 		bad := func(reason string, err error) error {
-			return &Error{Endpoint: c.endpoint, Kind: nodelimit.KindRead, Reason: fmt.Sprintf("read of %s: %s", mbeans[i], reason), Err: err}
+			return &Error{Endpoint: c.endpoint, Kind: KindRead, Reason: fmt.Sprintf("read of %s: %s", mbeans[i], reason), Err: err}
 		}
 		switch r.Status {
 		case http.StatusOK:
@@ -428,11 +475,11 @@ func (c *Client) Queues(ctx context.Context) ([]Queue, error) {
 	for i, name := range names {
 		on, err := ParseObjectName(name)
 		if err != nil {
-			return nil, &Error{Endpoint: c.endpoint, Kind: nodelimit.KindSearch, Reason: "search answered a name that is not an MBean name", Err: err}
+			return nil, &Error{Endpoint: c.endpoint, Kind: KindSearch, Reason: "search answered a name that is not an MBean name", Err: err}
 		}
 		queues[i] = Queue{Name: on.Keys["queue"], Address: on.Keys["address"], RoutingType: on.Keys["routing-type"], MBean: name}
 		if queues[i].Name == "" {
-			return nil, &Error{Endpoint: c.endpoint, Kind: nodelimit.KindSearch, Reason: fmt.Sprintf("search answered %s, not a queue MBean", name)}
+			return nil, &Error{Endpoint: c.endpoint, Kind: KindSearch, Reason: fmt.Sprintf("search answered %s, not a queue MBean", name)}
 		}
 	}
 	counts, err := c.ReadCounts(ctx, names)

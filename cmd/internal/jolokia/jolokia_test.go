@@ -22,23 +22,18 @@ import (
 	"github.com/pglimit/pglimit/nodelimit"
 )
 
-// unlimited is a gate that lets every call through and counts them by
-// kind.
+// countingGate is a gate that lets every call through (unless it refuses
+// them all) and counts the waits; it is told nothing of the calls' kinds.
 type countingGate struct {
-	search, read atomic.Int64
-	refuse       error
+	waits  atomic.Int64
+	refuse error
 }
 
-func (g *countingGate) Wait(_ context.Context, kind nodelimit.Kind) error {
+func (g *countingGate) Wait(context.Context) error {
 	if g.refuse != nil {
 		return g.refuse
 	}
-	switch kind {
-	case nodelimit.KindSearch:
-		g.search.Add(1)
-	case nodelimit.KindRead:
-		g.read.Add(1)
-	}
+	g.waits.Add(1)
 	return nil
 }
 
@@ -51,12 +46,12 @@ func noTurn(t *testing.T) error {
 		t.Fatal(err)
 	}
 	node, _ := l.Node("b1")
-	if err := node.Wait(context.Background(), nodelimit.KindRead); err != nil {
+	if err := node.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	err = node.Wait(ctx, nodelimit.KindRead)
+	err = node.Wait(ctx)
 	if !errors.Is(err, nodelimit.ErrNoTurn) {
 		t.Fatalf("second call at 1/s within 100 ms: %v, want ErrNoTurn", err)
 	}
@@ -130,8 +125,8 @@ func TestQueuesIn200Batches(t *testing.T) {
 	if st := fn.Stats(); st.MaxRequestsPerCall != 200 || st.Calls != 4 {
 		t.Fatalf("stats %+v", st)
 	}
-	if gate.search.Load() != 1 || gate.read.Load() != 3 {
-		t.Fatalf("gate saw %d searches and %d reads, want 1 and 3", gate.search.Load(), gate.read.Load())
+	if n := gate.waits.Load(); n != 4 {
+		t.Fatalf("the gate saw %d waits, want 4 (one per POST: 1 search and 3 reads)", n)
 	}
 }
 
@@ -490,5 +485,70 @@ func TestWriteError(t *testing.T) {
 				t.Fatalf("body %s", rec.Body.String())
 			}
 		})
+	}
+}
+
+func TestReadAll(t *testing.T) {
+	t.Parallel()
+	items := make([]int, 450)
+	for i := range items {
+		items[i] = i
+	}
+	var sizes []int
+	got, err := jolokia.ReadAll(context.Background(), items, 0, func(_ context.Context, batch []int) ([]string, error) {
+		sizes = append(sizes, len(batch))
+		out := make([]string, len(batch))
+		for i, v := range batch {
+			out[i] = fmt.Sprint(v)
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cmp.Equal(sizes, []int{200, 200, 50}) {
+		t.Fatalf("batch sizes %v, want [200 200 50] (ReadsPerCall when size is 0)", sizes)
+	}
+	for i, s := range got {
+		if s != fmt.Sprint(i) {
+			t.Fatalf("result %d is %q: order not kept", i, s)
+		}
+	}
+	if len(got) != 450 {
+		t.Fatalf("%d results", len(got))
+	}
+
+	calls := 0
+	none, err := jolokia.ReadAll(context.Background(), []int{}, 0, func(context.Context, []int) ([]int, error) { calls++; return nil, nil })
+	if err != nil || len(none) != 0 || calls != 0 {
+		t.Fatalf("no items: %v, %v, %d calls", none, err, calls)
+	}
+
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		read func(context.Context, []int) ([]int, error)
+		want error
+	}{
+		{"short", func(_ context.Context, b []int) ([]int, error) { return b[1:], nil }, jolokia.ErrBatchLength},
+		{"long", func(_ context.Context, b []int) ([]int, error) { return append(b, 0), nil }, jolokia.ErrBatchLength},
+		{"error in the second batch", func(_ context.Context, b []int) ([]int, error) {
+			if b[0] == 200 {
+				return nil, boom
+			}
+			return b, nil
+		}, boom},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := jolokia.ReadAll(context.Background(), items, 200, tc.read)
+			if !errors.Is(err, tc.want) || got != nil {
+				t.Fatalf("ReadAll = %d results, %v; want %v", len(got), err, tc.want)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := jolokia.ReadAll(ctx, items, 200, func(_ context.Context, b []int) ([]int, error) { return b, nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended context: %v", err)
 	}
 }
