@@ -250,6 +250,14 @@ func notFoundRule(w http.ResponseWriter, r *http.Request) {
 // auditRule records the audit event limits.rule of a change an operator
 // asked for, failed ones too (failed, reason).
 func (a *App) auditRule(r *http.Request, event map[string]any, err error) {
+	a.auditChange(r, "limits.rule", "access_rule", event, err)
+}
+
+// auditChange records the audit event action (limits.rule,
+// limits.override, limits.reset) of a change of target an operator asked
+// for, failed ones too (members failed and reason: the same reasons as an
+// export's). Its own failure is logged: the change stands.
+func (a *App) auditChange(r *http.Request, action, target string, event map[string]any, err error) {
 	if err != nil {
 		event["failed"] = true
 		event["reason"] = exportFailure(r, err)
@@ -259,8 +267,8 @@ func (a *App) auditRule(r *http.Request, event map[string]any, err error) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 	defer cancel()
 	if err := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
-		Actor: id.Username, Action: "limits.rule", Target: "access_rule", Detail: detail,
+		Actor: id.Username, Action: action, Target: target, Detail: detail,
 	}); err != nil {
-		a.log.WarnContext(actx, "limits.rule event not recorded", "err", err)
+		a.log.WarnContext(actx, action+" event not recorded", "err", err)
 	}
 }

@@ -1,8 +1,6 @@
 package app
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -11,7 +9,6 @@ import (
 	"unicode"
 
 	"github.com/pglimit/pglimit/ban"
-	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -91,19 +88,7 @@ func (a *App) handleBanLift(w http.ResponseWriter, r *http.Request) {
 		lifted, err = a.bans.Lift(ctx, key)
 	}
 	id, _ := IdentityFrom(r.Context())
-	event := map[string]any{"limit": "ban", "key": key, "lifted": lifted}
-	if err != nil {
-		event["failed"] = true
-		event["reason"] = exportFailure(r, err)
-	}
-	detail, _ := json.Marshal(event)
-	actx, acancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer acancel()
-	if aerr := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
-		Actor: id.Username, Action: "limits.reset", Target: "ban", Detail: detail,
-	}); aerr != nil {
-		a.log.WarnContext(actx, "limits.reset event not recorded", "err", aerr)
-	}
+	a.auditChange(r, "limits.reset", "ban", map[string]any{"limit": "ban", "key": key, "lifted": lifted}, err)
 	switch {
 	case err != nil:
 		a.dbError(w, r, err)

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"time"
 
-	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/override"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -175,19 +173,7 @@ func (a *App) listOverrides(ctx context.Context, max int) ([]overrideJSON, error
 }
 
 // auditOverride records the audit event limits.override of a change an
-// operator asked for, failed ones too (failed, reason).
+// operator asked for, failed ones too.
 func (a *App) auditOverride(r *http.Request, event map[string]any, err error) {
-	if err != nil {
-		event["failed"] = true
-		event["reason"] = exportFailure(r, err)
-	}
-	id, _ := IdentityFrom(r.Context())
-	detail, _ := json.Marshal(event)
-	actx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer cancel()
-	if err := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
-		Actor: id.Username, Action: "limits.override", Target: "limit_override", Detail: detail,
-	}); err != nil {
-		a.log.WarnContext(actx, "limits.override event not recorded", "err", err)
-	}
+	a.auditChange(r, "limits.override", "limit_override", event, err)
 }

@@ -153,15 +153,22 @@ func (a *App) handleLimitKeys(w http.ResponseWriter, r *http.Request) {
 		a.dbError(w, r, err)
 		return
 	}
-	var next *string
-	if len(states) > keysPage {
-		states = states[:keysPage]
-		n := base64.RawURLEncoding.EncodeToString([]byte(states[keysPage-1].Key))
-		next = &n
-	}
 	items := make([]quotaKeyJSON, len(states))
 	for i, s := range states {
 		items[i] = quotaKeyJSON{Key: s.Key, Limit: s.Limit, Remaining: s.Remaining, Reset: s.Reset}
+	}
+	writeKeysPage(w, items, func(i int) string { return states[i].Key })
+}
+
+// writeKeysPage answers a page of GET /api/limits/keys/{policy} from up to
+// keysPage+1 items read: the first keysPage, and next (null on the last
+// page), the stored key of the last item listed, to pass back as after.
+func writeKeysPage(w http.ResponseWriter, items []quotaKeyJSON, stored func(int) string) {
+	var next *string
+	if len(items) > keysPage {
+		items = items[:keysPage]
+		n := base64.RawURLEncoding.EncodeToString([]byte(stored(keysPage - 1)))
+		next = &n
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": items, "next": next})
 }
@@ -204,12 +211,6 @@ func (a *App) rateKeys(w http.ResponseWriter, r *http.Request, policy string, l 
 		a.dbError(w, r, err)
 		return
 	}
-	var next *string
-	if len(states) > keysPage {
-		states = states[:keysPage]
-		n := base64.RawURLEncoding.EncodeToString([]byte(states[keysPage-1].Key))
-		next = &n
-	}
 	now := time.Now()
 	items := make([]quotaKeyJSON, 0, len(states))
 	for _, s := range states {
@@ -220,7 +221,7 @@ func (a *App) rateKeys(w http.ResponseWriter, r *http.Request, policy string, l 
 		p := s.Policies[0]
 		items = append(items, quotaKeyJSON{Key: key, Limit: int64(p.Limit), Remaining: int64(p.Remaining), Reset: now.Add(p.Reset).UTC().Truncate(time.Millisecond)})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": items, "next": next})
+	writeKeysPage(w, items, func(i int) string { return states[i].Key })
 }
 
 func truncate(s string, n int) string {

@@ -1,15 +1,11 @@
 package app
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
-	"time"
 
-	"github.com/pglimit/pglimit/cmd/studio/internal/studiodb"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -116,18 +112,7 @@ func (a *App) resetThrottle(w http.ResponseWriter, r *http.Request, l *signin.Li
 	failures, err := l.Reset(ctx, key)
 	id, _ := IdentityFrom(r.Context())
 	event["failures"] = failures
-	if err != nil {
-		event["failed"] = true
-		event["reason"] = exportFailure(r, err) // the same reasons as an export's
-	}
-	detail, _ := json.Marshal(event)
-	actx, acancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer acancel()
-	if err := a.q.AuditEventRecord(actx, a.primary, &studiodb.AuditEventRecordParams{
-		Actor: id.Username, Action: "limits.reset", Target: "login_attempt", Detail: detail,
-	}); err != nil {
-		a.log.WarnContext(actx, "limits.reset event not recorded", "err", err)
-	}
+	a.auditChange(r, "limits.reset", "login_attempt", event, err)
 	if err != nil {
 		a.dbError(w, r, err)
 		return 0, false
