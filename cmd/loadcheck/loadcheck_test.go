@@ -157,6 +157,36 @@ func TestLoadCheckBorrowing(t *testing.T) {
 	}
 }
 
+// TestLoadCheckKeptSlots is the short run with -token-in-flight-keep 1s,
+// every token moving to another replica on each request: the in-flight
+// cap still holds by the pg_stat_activity observer (never more than the
+// limit in flight), and so does every other limit; the refusals with room
+// kept slots cause are counted, and at most a quarter of the refusals.
+func TestLoadCheckKeptSlots(t *testing.T) {
+	cfg := shortConfig(t)
+	cfg.TokenInFlightKeep = time.Second
+	rep := runCheck(t, cfg)
+	for _, row := range rep.Rows {
+		if row.Verdict != VerdictOK {
+			t.Errorf("%s: verdict %s (highest %d of %d, %d refused); want ok", row.Limit, row.Verdict, row.Highest, row.Cap, row.Refused)
+		}
+		if row.Limit == "in-flight per token" {
+			t.Logf("in-flight with kept slots: %s", row.Note)
+			// Bounded: a refusal has room only while a holder takes longer
+			// to give back than the refused request waits (100 ms).
+			if row.FalseRefusals > 2+row.Refused/4 {
+				t.Errorf("in-flight with kept slots: %d refusals with room of %d, more than a quarter", row.FalseRefusals, row.Refused)
+			}
+		}
+	}
+	if len(rep.Unexpected) > 0 {
+		t.Errorf("unexpected answers: %v", rep.Unexpected)
+	}
+	if rep.Failed() {
+		t.Error("the report failed")
+	}
+}
+
 // TestLoadCheckSeesExcess starts the replicas with looser limits than the
 // check judges (as if a limit did not hold across replicas): every row must
 // come out EXCEEDED, so each observer is shown able to fail, and the logs

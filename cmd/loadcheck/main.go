@@ -128,6 +128,7 @@ func run(args []string) (int, error) {
 	fs.IntVar(&cfg.UploadsPerHour, "uploads-per-hour", cfg.UploadsPerHour, "uploads per user per window (cmd/studio flag)")
 	fs.DurationVar(&cfg.UploadWindow, "upload-window", cfg.UploadWindow, "the uploads' rolling window (cmd/studio flag)")
 	fs.IntVar(&cfg.TokenInFlight, "token-in-flight", cfg.TokenInFlight, "requests in flight per token (cmd/studio flag)")
+	fs.DurationVar(&cfg.TokenInFlightKeep, "token-in-flight-keep", 0, "replicas keep a token's in-flight slot this long after its request (cmd/studio flag); the cap is judged as without it, its refusals with room are counted")
 	fs.IntVar(&cfg.NodeRate, "node-rate", cfg.NodeRate, "calls per second to the node for the installation (cmd/studio flag)")
 	fs.IntVar(&cfg.APIRate, "api-rate", cfg.APIRate, "requests per second per user, all its API tokens together (cmd/studio flag -api-rate N/s)")
 	fs.IntVar(&cfg.APIBurst, "api-burst", cfg.APIBurst, "requests at once above -api-rate (cmd/studio flag)")

@@ -78,6 +78,14 @@ type Config struct {
 	// at least the sign-in round's requests (2 × SignInFailures + 2): each
 	// round comes from a fresh address of its own.
 	AddressRate, AddressBurst, AddressWorkers, Addresses int
+	// TokenInFlightKeep is cmd/studio's -token-in-flight-keep: replicas
+	// keep a token's slot after its request (inflight.Options.Keep). Every
+	// token of the load moves to another replica on each request (the
+	// replicas are taken in turn), the case kept slots serve worst: the
+	// in-flight cap is judged as without it; its refusals with room (a
+	// slot kept idle on another replica, not given back within the
+	// refused request's wait) are counted, and named in the row's note.
+	TokenInFlightKeep time.Duration
 
 	// Queues is the fake node's number of queues (a queue listing is one
 	// search call and one read call per 200 queues).
@@ -318,6 +326,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		"-uploads-per-hour", strconv.Itoa(cfg.UploadsPerHour),
 		"-upload-window", cfg.UploadWindow.String(),
 		"-token-in-flight", strconv.Itoa(cfg.TokenInFlight),
+		"-token-in-flight-keep", cfg.TokenInFlightKeep.String(),
 		"-node", "b1=http://" + ln.Addr().String(),
 		"-node-rate", strconv.Itoa(cfg.NodeRate),
 		"-api-rate", strconv.Itoa(cfg.APIRate) + "/s",
@@ -893,6 +902,11 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 				return !r.refusedBy(slugRate) && !r.refusedBy(slugInFlight) && !r.unauthenticated()
 			},
 			cap: c.TokenInFlight, slack: c.Slack}))
+	if c.TokenInFlightKeep > 0 {
+		r := &rep.Rows[len(rep.Rows)-1]
+		r.Note = fmt.Sprintf("-token-in-flight-keep %v, every token moving to another replica on each request: %d refusals with room of %d (slots kept idle on another replica, not given back within the refused request's wait)",
+			c.TokenInFlightKeep, r.FalseRefusals, r.Refused)
+	}
 	// Node rate.
 	var at []time.Time
 	for _, call := range node.Calls() {
