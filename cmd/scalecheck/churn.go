@@ -90,6 +90,10 @@ func (s Sample) Table(name string) (TableSample, bool) {
 // limitTables are the tables sampled: every table of pglimit's. The slots
 // of every kind are rows of pglimit.slot; slotKinds are its kinds, whose
 // live slots are sampled too.
+// churnHeartbeat is the replicas' heartbeat in the churn: a registry row
+// lapses three of them after its last.
+const churnHeartbeat = time.Second
+
 var limitTables = []string{"slot", "login_attempt", "api_request_window", "refusal_minute", "replica", "ban"}
 
 // slotKinds are the kinds of slot (the views of pglimit.slot).
@@ -146,7 +150,7 @@ func (e *env) churn(ctx context.Context) (*Churn, error) {
 		go func() {
 			defer runs.Done()
 			if err := pglimit.Run(runCtx, pool, pglimit.RunOptions{
-				Replica: fmt.Sprintf("churn-%d", i+1), Housekeeping: e.cfg.Housekeeping, Logger: e.quiet,
+				Replica: fmt.Sprintf("churn-%d", i+1), Heartbeat: churnHeartbeat, Housekeeping: e.cfg.Housekeeping, Logger: e.quiet,
 			}); err != nil {
 				runErrs <- err
 			}
@@ -207,10 +211,14 @@ func (e *env) churn(ctx context.Context) (*Churn, error) {
 
 	// Every permit was released and every window lapses: after the
 	// longest window and one sweep, the limit tables hold nothing.
-	e.logf("churn: load stopped; waiting %v for the windows to lapse, then one housekeeping sweep", e.cfg.Window)
-	sleep(ctx, e.cfg.Window+time.Second)
+	// The replicas stop first: each deletes its registry row, and a row
+	// whose delete failed (a loaded machine: the statement's timeout) lapses
+	// three heartbeats after the last, within the wait as the windows do.
+	wait := max(e.cfg.Window, 3*churnHeartbeat) + time.Second
 	stopRun()
 	runs.Wait()
+	e.logf("churn: load stopped; waiting %v for the windows and the registry rows to lapse, then one housekeeping sweep", wait)
+	sleep(ctx, wait)
 	// A stopped replica's last sweep may still hold the lock on the server
 	// for a moment (its canceled statement's backend has not ended its
 	// transaction yet): the sweep is tried again until it runs.
