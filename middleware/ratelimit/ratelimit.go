@@ -603,14 +603,16 @@ type refusal struct {
 type clock struct{ at, sent, received time.Time }
 
 // above is the database's time at t, from above: what a borrowed unit is
-// judged by, which must never be spent late.
+// judged by, which must never be spent late, and what a remembered refusal
+// is judged by and reports (its At and Retry-After): a refusal answered
+// from memory holds at every time the database's clock can show, so it is
+// never one the database would not have made for this request (judged
+// from below it could be up to the statement's way back early: the load
+// check on Citus counted such a refusal with room).
 func (c clock) above(t time.Time) time.Time { return c.at.Add(t.Sub(c.sent)) }
 
-// below is the database's time at t, from below: what a remembered refusal
-// is judged by and reports (its At and Retry-After). A refusal holds at
-// that moment, which is at most the statement's way back (answer and
-// commit) before the request: the same as a request that waited that long
-// on its way to the database.
+// below is the database's time at t, from below: what a permit spent from
+// a borrowed batch reports as its At.
 func (c clock) below(t time.Time) time.Time { return c.at.Add(t.Sub(c.received)) }
 
 // remember keeps a refusal d the database made for a statement sent at
@@ -621,7 +623,7 @@ func (l *Limiter) remember(key string, policies []Policy, cost int, d *decision,
 }
 
 // recall answers a request from a remembered refusal that still holds:
-// judged again at the database's time now (from below, see clock) against
+// judged again at the database's time now (from above, see clock) against
 // the TATs it returned, which can only have moved later since. Nil when
 // nothing remembered holds; gate is the key's gate while it has a refusal
 // remembered (see memo.Linger).
@@ -630,7 +632,7 @@ func (l *Limiter) recall(key string, cost int, policies []Policy, now time.Time)
 	if !ok || cost < e.cost || !slices.Equal(e.policies, policies) {
 		return nil, gate
 	}
-	d, err := l.judge(policies, cost, false, e.clock.below(now), e.tats)
+	d, err := l.judge(policies, cost, false, e.clock.above(now), e.tats)
 	if err != nil {
 		return nil, gate // it no longer holds
 	}
