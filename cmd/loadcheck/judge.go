@@ -76,6 +76,11 @@ func (r *record) expected() bool {
 	if r.err != nil {
 		return false
 	}
+	if r.refusedBy(slugBanned) && r.kind != kindSignIn {
+		// Every request a rate limit counts may be banned (judged, and
+		// reported unexpected when bans are off, by judge).
+		return true
+	}
 	switch r.kind {
 	case kindConsole:
 		return r.status == 200 || r.refusedBy(slugHeavy) || r.refusedBy(slugInFlight) || r.refusedBy(slugRate)

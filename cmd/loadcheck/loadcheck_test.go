@@ -444,3 +444,88 @@ func TestEnvelopeExcess(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadCheckBans is the short run with bans (-ban-after 20 within 5 s
+// for 3 s: a ban is judged from a second after it began): the rate loops' user and the address loops' addresses are
+// refused often enough to be banned again and again. An observer polling
+// pglimit.ban sees every ban; no request passed a ban in force, no banned
+// answer lacks a ban in the database and the refusals to justify it, the
+// rates still hold and refuse nothing falsely, and every answer is one the
+// load expects. (The console's users are banned too, so the heavy limits
+// are not judged for reach here: TestLoadCheckShort does.)
+func TestLoadCheckBans(t *testing.T) {
+	cfg := shortConfig(t)
+	cfg.BanAfter, cfg.BanWithin, cfg.BanFor = 20, 5*time.Second, 3*time.Second
+	rep := runCheck(t, cfg)
+	bans, ok := rep.Row("bans")
+	if !ok {
+		t.Fatal("no bans row")
+	}
+	t.Logf("bans: %d banned answers, %d false, %d passed a ban; %s", bans.Refused, bans.FalseRefusals, bans.Highest, bans.Note)
+	if bans.Verdict != VerdictOK {
+		t.Errorf("bans: verdict %s (%d passed a ban in force, %d banned answers); want ok (not reached: no request was sent while a ban was in force on every replica)", bans.Verdict, bans.Highest, bans.Refused)
+	}
+	for _, row := range rep.Rows {
+		if row.Verdict == VerdictExceeded {
+			t.Errorf("%s: exceeded (highest %d of %d)", row.Limit, row.Highest, row.Cap)
+		}
+		if row.FalseRefusals > 0 {
+			t.Errorf("%s: %d false refusals", row.Limit, row.FalseRefusals)
+		}
+	}
+	for _, name := range []string{"api rate per user", "address rate per client"} {
+		if row, _ := rep.Row(name); row.Refused == 0 {
+			t.Errorf("%s: nothing refused: the load did not reach it", name)
+		}
+	}
+	if len(rep.Unexpected) > 0 {
+		t.Errorf("unexpected answers: %v", rep.Unexpected)
+	}
+	if rep.Failed() {
+		t.Error("the report failed")
+	}
+}
+
+// TestJudgeBans shows the bans' judge able to fail: on ledgers made by
+// hand, a banned answer without a ban in the database or without the
+// refusals to justify it is false, and a request admitted while its key's
+// ban was in force (past the propagation second, before the margin) passed.
+func TestJudgeBans(t *testing.T) {
+	const after = 3
+	user := func(start, end, status int, slug string) record {
+		r := record{kind: kindRate, user: "u", token: "t", start: ms(start), end: ms(end), status: status, slug: slug}
+		if slug == slugRate {
+			r.scope = "user"
+		}
+		return r
+	}
+	refusals := []record{user(0, 10, 429, slugRate), user(20, 30, 429, slugRate), user(40, 50, 429, slugRate)}
+	ban := map[string][]banSpan{"user:u": {{key: "user:u", from: ms(45), until: ms(3045)}}}
+	tests := []struct {
+		name                   string
+		recs                   []record
+		bans                   map[string][]banSpan
+		banned, false_, passed int
+	}{
+		{"justified ban", append(refusals[:3:3], user(100, 110, 429, slugBanned)), ban, 1, 0, 0},
+		{"no ban in the database", append(refusals[:3:3], user(100, 110, 429, slugBanned)), nil, 1, 1, 0},
+		{"the banning refusal is the banned answer", append(refusals[:2:2], user(100, 110, 429, slugBanned)), ban, 1, 0, 0},
+		{"too few refusals", append(refusals[:1:1], user(100, 110, 429, slugBanned)), ban, 1, 1, 0},
+		{"refusals too long before", []record{user(0, 10, 429, slugRate), user(20, 30, 429, slugRate), user(40, 50, 429, slugRate), user(9000, 9010, 429, slugBanned)},
+			map[string][]banSpan{"user:u": {{key: "user:u", from: ms(8990), until: ms(9990)}}}, 1, 1, 0},
+		{"admitted within the propagation second", append(refusals[:3:3], user(500, 510, 200, "")), ban, 0, 0, 0},
+		{"admitted during the ban", append(refusals[:3:3], user(1500, 1510, 200, "")), ban, 0, 0, 1},
+		{"refused by the rate during the ban", append(refusals[:3:3], user(1500, 1510, 429, slugRate)), ban, 0, 0, 1},
+		{"admitted within the margin of its end", append(refusals[:3:3], user(2950, 2990, 200, "")), ban, 0, 0, 0},
+		{"admitted after it", append(refusals[:3:3], user(3100, 3110, 200, "")), ban, 0, 0, 0},
+		{"another key's ban", append(refusals[:3:3], record{kind: kindAddress, addr: "192.0.2.1", start: ms(1500), end: ms(1510), status: 401, slug: "unauthorized"}), ban, 0, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			j := judgeBans(tc.recs, tc.bans, after, 2*time.Second, time.Second, 25*time.Millisecond)
+			if j.banned != tc.banned || j.falseBans != tc.false_ || j.passed != tc.passed {
+				t.Errorf("banned %d, false %d, passed %d; want %d, %d, %d (%s)", j.banned, j.falseBans, j.passed, tc.banned, tc.false_, tc.passed, j.where)
+			}
+		})
+	}
+}

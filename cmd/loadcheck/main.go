@@ -99,6 +99,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -138,6 +139,9 @@ func run(args []string) (int, error) {
 	fs.IntVar(&cfg.AddressBurst, "address-burst", cfg.AddressBurst, "requests at once above -address-rate (cmd/studio flag); at least 2 × -sign-in-failures + 2")
 	fs.IntVar(&cfg.AddressWorkers, "address-workers", cfg.AddressWorkers, "loops sending requests without a token from -addresses client addresses through the trusted stand-in proxy 127.0.0.2")
 	fs.IntVar(&cfg.Addresses, "addresses", cfg.Addresses, "client addresses of the address load")
+	fs.IntVar(&cfg.BanAfter, "ban-after", cfg.BanAfter, "rate refusals of a user or client address within -ban-within that ban it for -ban-for (cmd/studio flags); 0: no bans. The bans row judges them by an observer of pglimit.ban")
+	fs.DurationVar(&cfg.BanWithin, "ban-within", 5*time.Second, "the window -ban-after refusals are counted in (cmd/studio flag)")
+	fs.DurationVar(&cfg.BanFor, "ban-for", 2*time.Second, "how long a ban lasts (cmd/studio flag)")
 	fs.IntVar(&cfg.NodeWorkers, "node-workers", cfg.NodeWorkers, "loops per replica listing the node's queues, on tokens of -token-in-flight loops each")
 	fs.IntVar(&cfg.Queues, "queues", cfg.Queues, "queues of the fake node")
 	fs.DurationVar(&cfg.ConsoleSleep, "console-sleep", cfg.ConsoleSleep, "pg_sleep of each console statement")

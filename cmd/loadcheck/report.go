@@ -115,7 +115,7 @@ func (r *Report) Print(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, `
-observers (none of them reads pglimit's tables):
+observers (none of them reads pglimit's tables, but the bans' observer its table of bans):
   sql-console, installation, in-flight: pg_stat_activity of %d server(s), polled %d times (every %v on average),
     counting active console statements by the marker in their text ('lc-<run>:<user>:<token>');
     a statement is active only while its request holds its permit and its slot, so a count
@@ -141,6 +141,13 @@ observers (none of them reads pglimit's tables):
     127.0.0.2 the replicas trust (X-Forwarded-For), of every request without a token (the
     address load's, and each sign-in round's from an address of its own); judged as the api
     rate. Each such answer must carry RateLimit-Policy and RateLimit of the policy address.
+  bans (with -ban-after): the bans an observer polling pglimit.ban saw (key, start, end) and
+    the answers per ban key (user:NAME with a token, address:ADDR without); highest = requests
+    of a banned key sent a second or more after its ban began (every replica knows of it by
+    then) and answered 100 ms or more before it ended, that were not refused as banned; the
+    limit is 0. A 429 banned is false unless the observer saw a ban of its key in force during
+    the request and the ledger holds -ban-after rate refusals of the key that its ban can have
+    counted.
 false refusal: a 429 of a limit although, by the client's ledger of every request it sent,
   fewer than the limit's value of other requests of the same scope can have held a slot at
   any moment between the refused request's send and its answer (a request is a possible

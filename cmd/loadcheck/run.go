@@ -86,6 +86,15 @@ type Config struct {
 	// slot kept idle on another replica, not given back within the
 	// refused request's wait) are counted, and named in the row's note.
 	TokenInFlightKeep time.Duration
+	// BanAfter, BanWithin and BanFor are cmd/studio's -ban-after,
+	// -ban-within and -ban-for: a user or client address the rate limits
+	// refused BanAfter times within BanWithin is refused (429 banned) on
+	// every replica for BanFor. 0 (the default): no bans. The load's rate
+	// and address loops are refused often enough to be banned; so are the
+	// console's users, whose heavy limits the load then reaches less
+	// often (TestLoadCheckBans judges the bans and the rates, not reach).
+	BanAfter          int
+	BanWithin, BanFor time.Duration
 
 	// Queues is the fake node's number of queues (a queue listing is one
 	// search call and one read call per 200 queues).
@@ -155,6 +164,10 @@ func (c *Config) validate() error {
 	atLeast("address-burst", c.AddressBurst, 2*c.SignInFailures+2)
 	atLeast("address-workers", c.AddressWorkers, 1)
 	atLeast("addresses", c.Addresses, 1)
+	atLeast("ban-after", c.BanAfter, 0)
+	if c.BanAfter > 0 && (c.BanWithin < 100*time.Millisecond || c.BanFor < 100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("-ban-within and -ban-for: at least 100ms when -ban-after is set (got %v and %v)", c.BanWithin, c.BanFor))
+	}
 	atLeast("node-workers", c.NodeWorkers, 1)
 	if c.Replicas > 16 {
 		errs = append(errs, errors.New("-replicas must be at most 16"))
@@ -343,6 +356,9 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		"-sign-in-address-failures", "0",
 		"-heartbeat", "500ms",
 	}
+	if cfg.BanAfter > 0 {
+		args = append(args, "-ban-after", strconv.Itoa(cfg.BanAfter), "-ban-within", cfg.BanWithin.String(), "-ban-for", cfg.BanFor.String())
+	}
 	args = append(args, cfg.studioOverride...)
 	fmt.Fprintf(cfg.Progress, "loadcheck: starting %d replicas of cmd/studio (logs in %s)\n", cfg.Replicas, cfg.LogDir)
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -376,13 +392,23 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("observer: %w", err)
 	}
+	var bans *banObserver
+	if cfg.BanAfter > 0 {
+		if bans, err = newBanObserver(ctx, dbURL); err != nil {
+			obs.close()
+			return nil, fmt.Errorf("ban observer: %w", err)
+		}
+	}
 	obsCtx, stopObs := context.WithCancel(ctx)
-	obsErr := make(chan error, 1)
+	obsErr := make(chan error, 2)
 	go func() { obsErr <- obs.run(obsCtx) }()
 
 	fmt.Fprintf(cfg.Progress, "loadcheck: load for %v\n", cfg.Duration)
 	node.Reset()
 	lr.t0 = time.Now()
+	if bans != nil {
+		go func() { obsErr <- bans.run(obsCtx, lr.t0) }()
+	}
 	deadline := lr.t0.Add(cfg.Duration)
 	loadCtx, stopLoad := context.WithDeadline(ctx, deadline)
 	// Requests already sent when the load stops finish (each is bounded by
@@ -398,10 +424,18 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if err := <-obsErr; err != nil {
 		return nil, fmt.Errorf("observer: %w", err)
 	}
+	if bans != nil {
+		if err := <-obsErr; err != nil {
+			return nil, fmt.Errorf("observer: %w", err)
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	rep = lr.judge(obs.peaks(), node, deadline)
+	if bans != nil {
+		lr.judgeBanRow(rep, bans)
+	}
 	rep.LogDir = cfg.LogDir
 	passed = !rep.Failed()
 	return rep, nil
@@ -668,7 +702,7 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 	for range lr.cfg.RateWorkers {
 		loop(func() {
 			r := lr.do(ctx, record{kind: kindRate, user: ts.rate.user, token: ts.rate.label}, http.MethodGet, "/api/limits", ts.rate.token, "", nil)
-			if r.refusedBy(slugRate) {
+			if r.refusedBy(slugRate) || r.refusedBy(slugBanned) {
 				lr.rateRefused.Add(1)
 				pause()
 				return
@@ -680,7 +714,7 @@ func (lr *loadRun) startLoad(ctx context.Context, wg *sync.WaitGroup, ts *tokenS
 		addr := fmt.Sprintf("192.0.2.%d", w%lr.cfg.Addresses+1)
 		loop(func() {
 			r := lr.do(ctx, record{kind: kindAddress, addr: addr}, http.MethodGet, "/api/audit", "", "", nil)
-			if r.refusedBy(slugRate) {
+			if r.refusedBy(slugRate) || r.refusedBy(slugBanned) {
 				lr.addressRefused.Add(1)
 				pause()
 				return
@@ -946,7 +980,7 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	// every other's: the rate applies to each, all its tokens together).
 	rateRow := Row{Limit: "api rate per user", Configured: fmt.Sprintf("%d/s, burst %d", c.APIRate, c.APIBurst),
 		Cap: c.APIBurst, Requests: count(withToken)}
-	withIdentity := func(r *record) bool { return !r.unauthenticated() }
+	withIdentity := func(r *record) bool { return !r.unauthenticated() && !r.refusedBy(slugBanned) }
 	rateOver, where := rateExcess(byUser(recs), float64(c.APIRate), withIdentity)
 	rateRow.Highest = int(math.Ceil(rateOver))
 	rateRow.Refused, rateRow.FalseRefusals = judgeRate(byUser(recs), float64(c.APIRate), c.APIBurst, c.Slack, withIdentity)
@@ -963,7 +997,7 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	anonymous := func(r *record) bool { return r.token == "" && r.addr != "" }
 	addrRow := Row{Limit: "address rate per client", Configured: fmt.Sprintf("%d/s, burst %d", c.AddressRate, c.AddressBurst),
 		Cap: c.AddressBurst, Requests: count(anonymous)}
-	passedAddress := func(*record) bool { return true }
+	passedAddress := func(r *record) bool { return !r.refusedBy(slugBanned) }
 	addrOver, addrWhere := rateExcess(byAddress(recs), float64(c.AddressRate), passedAddress)
 	addrRow.Highest = int(math.Ceil(addrOver))
 	addrRow.Refused, addrRow.FalseRefusals = judgeRate(byAddress(recs), float64(c.AddressRate), c.AddressBurst, c.Slack, passedAddress)
@@ -996,6 +1030,14 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 	rep.Unexpected = map[string]int{}
 	for i := range recs {
 		r := &recs[i]
+		if r.refusedBy(slugBanned) && r.err == nil {
+			// A ban is decided before any rate and sends no RateLimit
+			// headers; without bans it is unexpected.
+			if c.BanAfter == 0 {
+				rep.Unexpected[fmt.Sprintf("%s %d %s without -ban-after", kindName(r.kind), r.status, r.slug)]++
+			}
+			continue
+		}
 		if r.expected() && r.token == "" && r.addr != "" && r.err == nil && !r.addressHeaders {
 			// Every answer to a request without a token passed the
 			// address rate or was refused by it.
@@ -1016,6 +1058,31 @@ func (lr *loadRun) judge(pk peaks, node *fakenode.Node, deadline time.Time) *Rep
 		rep.Unexpected[what]++
 	}
 	return rep
+}
+
+// judgeBanRow adds the bans' row to rep: the banned answers, those the
+// observer and the ledger cannot justify (false), and the requests that
+// passed a ban in force (highest; the cap is 0).
+func (lr *loadRun) judgeBanRow(rep *Report, o *banObserver) {
+	c := lr.cfg
+	bans, polls := o.bans()
+	j := judgeBans(lr.ledger, bans, c.BanAfter, c.BanWithin, c.BanFor, c.Slack)
+	r := Row{Limit: "bans", Configured: fmt.Sprintf("%d refusals within %v: %v", c.BanAfter, c.BanWithin, c.BanFor),
+		Cap: 0, Highest: j.passed, Requests: j.banned, Refused: j.banned, FalseRefusals: j.falseBans}
+	r.Note = fmt.Sprintf("highest = requests that passed a ban in force (sent %v after it began, answered %v before it ended), of %d sent and answered so; %d keys banned %d times by the observer's %d polls of pglimit.ban",
+		banPropagation, banMargin, j.inForce, j.keys, j.spans, polls)
+	if j.where != "" {
+		r.Note += "; " + j.where
+	}
+	switch {
+	case j.passed > 0:
+		r.Verdict = VerdictExceeded
+	case j.banned == 0 || j.inForce == 0:
+		r.Verdict = VerdictNotReached
+	default:
+		r.Verdict = VerdictOK
+	}
+	rep.Rows = append(rep.Rows, r)
 }
 
 func kindName(k kind) string {
