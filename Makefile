@@ -28,8 +28,9 @@ test: ## install what the tests need when missing (see deps), run every test aga
 	$(GO) test -count=1 -race -short $(RACE_PKGS)
 	$(MAKE) --no-print-directory fuzz FUZZTIME=15000x
 
-# Packages whose tests use a database (they import harness/pgtest).
-DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /harness\/pgtest$$/ && / github.com\/pglimit\/pglimit\/harness\/pgtest( |$$)/ {print $$1}')
+# Packages whose tests use a database (they import the test kit, pgtest,
+# or the harness under it, internal/harness/pgtest).
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /\/pgtest$$/ && / github.com\/pglimit\/pglimit\/(internal\/harness\/)?pgtest( |$$)/ {print $$1}')
 
 # installdeps (cmd/installdeps) installs, as root with apt-get, what
 # is missing of the PostgreSQL server binaries, chromium and pgbouncer, or

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/citustest"
 	"github.com/pglimit/pglimit/housekeeping"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/permit"

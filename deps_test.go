@@ -48,7 +48,7 @@ func TestLibraryDependencies(t *testing.T) {
 				t.Errorf("a library package depends on %s", dep)
 			}
 		}
-		if strings.HasPrefix(dep, "github.com/pglimit/pglimit/cmd/") || strings.HasPrefix(dep, "github.com/pglimit/pglimit/harness/") {
+		if strings.HasPrefix(dep, "github.com/pglimit/pglimit/cmd/") || strings.HasPrefix(dep, "github.com/pglimit/pglimit/internal/harness/") {
 			t.Errorf("a library package depends on %s", dep)
 		}
 	}
@@ -87,7 +87,7 @@ func TestAdopterModule(t *testing.T) {
 	var imports []string
 	for _, p := range strings.Fields(string(out)) {
 		rel := strings.TrimPrefix(strings.TrimPrefix(p, "github.com/pglimit/pglimit"), "/")
-		if !strings.Contains("/"+rel+"/", "/internal/") && !strings.HasPrefix(rel, "harness") &&
+		if !strings.Contains("/"+rel+"/", "/internal/") &&
 			!strings.HasPrefix(rel, "examples") && rel != "db" {
 			imports = append(imports, p)
 		}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestRefusals reads rows of pglimit.refusal_minute back by limit and

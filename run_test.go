@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/replica"
 )
 

@@ -15,8 +15,9 @@ import (
 // maxExported bounds the library's public surface: the exported
 // identifiers (constants, variables, types, functions, and methods of
 // exported types) of every package an adopter imports, outside db/ (the
-// sqlc output, documented as not part of the API) and the test and tool
-// harness.
+// sqlc output, documented as not part of the API), the test kit (pgtest)
+// included; the rest of the test and tool harness is internal
+// (internal/harness) and not counted.
 // (195 since clientaddr, a package of the design's module map: Options,
 // Resolver, New, Key and Header; 218 since quota, calendar quotas of
 // issue 31: Options, Period and its three values, Limiter, Permit, State,
@@ -28,11 +29,14 @@ import (
 // at a rate's keys without spending (issue 31). Issue 28 asks for this to
 // shrink: the engines under one shape. 266 since issue 28 point 5 moved
 // the broker's words out of nodelimit (4 fewer: Kind, KindSearch,
-// KindRead and ReadAll, now in the reference service's Jolokia client).)
-const maxExported = 266
+// KindRead and ReadAll, now in the reference service's Jolokia client).
+// 271 with the test kit of issue 28 point 4, pgtest: Migration, Main,
+// URL, Pool and ForExample; the harness's other 133 exported names left
+// the public packages for internal/harness.)
+const maxExported = 271
 
 // notPublic are the folders whose packages are not the library's API.
-var notPublic = []string{"internal", "cmd", "examples", "db", "harness", "tools", "testdata", "docs", "sql/queries"}
+var notPublic = []string{"internal", "cmd", "examples", "db", "tools", "testdata", "docs", "sql/queries"}
 
 // TestPublicSurface counts the exported identifiers of the library's
 // public packages and fails past maxExported (issue 20: the surface a Go

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/access"
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/pglimit/pglimit/access"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // BenchmarkMatch matches a request against 10,000 rules: 4,000 IPv4

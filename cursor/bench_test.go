@@ -18,7 +18,7 @@ import (
 
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // benchRows is the size of the fixture table: 2,000,000 rows, or

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"

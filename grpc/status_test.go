@@ -24,7 +24,7 @@ import (
 
 	"github.com/pglimit/pglimit/clientaddr"
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"

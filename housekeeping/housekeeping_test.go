@@ -7,8 +7,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/housekeeping"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

@@ -22,7 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/replica"
 )

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/override"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestLostRaceTakesNothing: a claim in two scopes without the scope lock

@@ -3,11 +3,11 @@ package quota_test
 import (
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/bench"
 )
 
 // BenchmarkQuota runs the calendar quota's paths beside the baselines of
-// the same run (harness/bench): its charge beside the one-row upsert and
+// the same run (internal/harness/bench): its charge beside the one-row upsert and
 // the rate decision, a charge settled after the fact, and the charge in
 // the caller's transaction beside a logged one-row upsert in a
 // transaction.

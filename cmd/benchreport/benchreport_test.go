@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/bench"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
-	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/bench"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )

@@ -62,8 +62,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	_ "github.com/pglimit/pglimit/cmd/internal/redisrate" // the redis_rate baseline
-	"github.com/pglimit/pglimit/harness/bench"
-	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
@@ -174,7 +174,7 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 		}
 		defer func() { _ = cluster.Stop() }()
 		url = cluster.URL("postgres")
-		rep.Database = "throwaway cluster (harness/embedpg) on loopback TCP, fsync on"
+		rep.Database = "throwaway cluster (internal/harness/embedpg) on loopback TCP, fsync on"
 	} else {
 		rep.Database = "DATABASE_URL"
 	}

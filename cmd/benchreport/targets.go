@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/bench"
 )
 
 // floor is what a path cannot do without, measured in the same run: a sum

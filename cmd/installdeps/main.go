@@ -29,7 +29,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pglimit/pglimit/harness/citustest"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
 )
 
 // requirement is one Debian package and how to tell it is installed.
@@ -45,7 +45,7 @@ type requirement struct {
 // requirements, in the order the message names them.
 var requirements = []requirement{
 	{"postgresql", "the PostgreSQL server binaries (initdb)", func(m machine) bool {
-		// What harness/embedpg looks for: initdb on PATH, else Debian's
+		// What internal/harness/embedpg looks for: initdb on PATH, else Debian's
 		// /usr/lib/postgresql/<version>/bin, which is not on PATH.
 		return m.onPath("initdb") || m.exists("/usr/lib/postgresql/*/bin/initdb")
 	}},
@@ -66,7 +66,7 @@ type machine struct {
 	run            func(name string, args ...string) error
 	stdout, stderr io.Writer
 	// citus reports whether Citus is installed, and the line saying so
-	// (harness/citustest.Installed).
+	// (internal/harness/citustest.Installed).
 	citus func() (bool, string)
 }
 

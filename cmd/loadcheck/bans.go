@@ -43,7 +43,6 @@ type banSpan struct {
 // observer's own look at the table, deliberately not the library's.
 type banObserver struct {
 	conn *pgx.Conn
-	t0   time.Time
 
 	mu    sync.Mutex
 	spans map[banSpan]bool

@@ -13,9 +13,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
-	"github.com/pglimit/pglimit/harness/citustest"
-	"github.com/pglimit/pglimit/harness/pgtest"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 func TestMain(m *testing.M) {
@@ -72,7 +72,7 @@ func TestLoadCheckShort(t *testing.T) {
 }
 
 // TestLoadCheckOnCitus is the short run on a Citus cluster (a coordinator
-// and two workers, harness/citustest) that the replicas share through the
+// and two workers, internal/harness/citustest) that the replicas share through the
 // coordinator: every limit holds by the same observers (pg_stat_activity
 // of all three servers), is reached, and refuses nothing falsely.
 func TestLoadCheckOnCitus(t *testing.T) {

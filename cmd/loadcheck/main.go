@@ -8,10 +8,10 @@
 //	go run ./cmd/loadcheck -citus          # on a Citus coordinator and two workers
 //
 // It uses DATABASE_URL (or -database-url), else starts an embedded
-// throwaway PostgreSQL (harness/embedpg), or with -citus a throwaway Citus
-// cluster (harness/citustest) whose coordinator the replicas share; builds cmd/studio and starts
+// throwaway PostgreSQL (internal/harness/embedpg), or with -citus a throwaway Citus
+// cluster (internal/harness/citustest) whose coordinator the replicas share; builds cmd/studio and starts
 // -replicas of it as child processes on free loopback ports
-// (harness/replicaset) with -demo and the limits below; serves a fake
+// (internal/harness/replicaset) with -demo and the limits below; serves a fake
 // broker node in-process (cmd/internal/fakenode); waits until every replica
 // has taken its share of the node rate; then for -duration runs, at once:
 //

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/harness/activity"
+	"github.com/pglimit/pglimit/internal/harness/activity"
 )
 
 // peaks are the most console statements the observer saw running at once.
@@ -24,7 +24,7 @@ type peaks struct {
 	Interval time.Duration
 }
 
-// observer polls pg_stat_activity (harness/activity) for the console
+// observer polls pg_stat_activity (internal/harness/activity) for the console
 // statements of the run, whose SQL text carries "<marker><user>:<token>'".
 // On a Citus coordinator it polls every node of pg_dist_node too and sums
 // what each saw (the console statements, which read no distributed table,

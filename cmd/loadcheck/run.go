@@ -22,9 +22,9 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/cmd/internal/fakenode"
-	"github.com/pglimit/pglimit/harness/citustest"
-	"github.com/pglimit/pglimit/harness/embedpg"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // Config is one load check: the limits the replicas are started with (and
@@ -35,7 +35,7 @@ type Config struct {
 	// coordinator the observer watches the workers too (pg_dist_node).
 	DatabaseURL string
 	// Citus, when DatabaseURL is "", starts a throwaway Citus cluster of a
-	// coordinator and two workers (harness/citustest) instead of one
+	// coordinator and two workers (internal/harness/citustest) instead of one
 	// server: the replicas share the coordinator.
 	Citus bool
 	// Replicas is the number of cmd/studio processes.

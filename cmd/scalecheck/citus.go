@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/citustest"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
 )
 
 // CitusRun is the operations measured again on a Citus cluster.
@@ -46,7 +46,7 @@ func (r OpResult) WorkersPerOp() time.Duration {
 }
 
 // onCitus starts a throwaway Citus cluster (a coordinator and two workers,
-// harness/citustest, fsync on as the one server's), migrates it (the limit
+// internal/harness/citustest, fsync on as the one server's), migrates it (the limit
 // tables distributed) and measures every operation there, through the
 // coordinator, counting the CPU of every node.
 func (e *env) onCitus(ctx context.Context) (*CitusRun, error) {

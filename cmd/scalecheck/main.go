@@ -73,7 +73,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
 )
 
 func main() {
@@ -277,7 +277,7 @@ func Measure(ctx context.Context, cfg Config, progress io.Writer) (*Report, erro
 		}
 		defer func() { _ = cluster.Stop() }()
 		url, whole = cluster.URL("postgres"), true
-		rep.Server = "throwaway cluster (harness/embedpg) on loopback TCP, fsync on, autovacuum on with PostgreSQL's defaults"
+		rep.Server = "throwaway cluster (internal/harness/embedpg) on loopback TCP, fsync on, autovacuum on with PostgreSQL's defaults"
 	} else {
 		rep.Server = "the server of -database-url"
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/citustest"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/citustest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

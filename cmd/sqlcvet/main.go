@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
-	"github.com/pglimit/pglimit/harness/embedpg"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 

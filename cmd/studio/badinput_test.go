@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/cursor"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // rawRequest is a request as a hostile client writes it.

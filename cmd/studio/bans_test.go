@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // banFlags hold a user's rate to 10/s with a burst of 10, and ban a key

@@ -14,13 +14,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/harness/activity"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/activity"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // statementsLike counts the sessions of the observer's database whose
 // current or last statement holds marker and that still run it or hold its
-// transaction open (harness/activity: an observer that cannot read every
+// transaction open (internal/harness/activity: an observer that cannot read every
 // session's statement fails the test rather than count none).
 func statementsLike(t *testing.T, obs activity.Querier, marker string) int {
 	t.Helper()

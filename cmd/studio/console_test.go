@@ -13,8 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // TestConsole covers the SQL console's answers: a result, the row cap,

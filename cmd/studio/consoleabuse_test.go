@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestConsoleSlowReaderHoldsNoDatabase (issue 27, 1): bob's statement takes

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestConsoleRoleMadeByAnother: the studio_console role exists on the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestClientGoneIsNotAServerError: a client that goes away while its

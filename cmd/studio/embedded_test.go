@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // TestRunsWithNoDatabase starts the service with no -database-url and no

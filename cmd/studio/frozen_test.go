@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // frozenProbe is one request sent while the database is frozen.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestSignInThrottleAcrossReplicas: five failed sign-ins spread over three

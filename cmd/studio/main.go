@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/cmd/studio/internal/app"
-	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
 )
 
 func main() {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // policyHeader is the RateLimit-Policy member of policy on r ("" when r

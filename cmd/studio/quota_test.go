@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // periodEnd is the end of the day or month of t in loc.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // rateAnswer is one request of the rate test as the client saw it.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 // quickStartBlocks returns the fenced sh blocks of the README's "Quick

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestShutdownLandsEveryRelease stops a replica (SIGTERM) while four

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
-	"github.com/pglimit/pglimit/harness/activity"
-	"github.com/pglimit/pglimit/harness/pgtest"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/activity"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 func TestMain(m *testing.M) {
@@ -192,7 +192,7 @@ func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // observePeak polls pg_stat_activity on its own connection and keeps the
 // highest number of active statements containing marker seen at once: an
-// observer independent of pglimit's tables (harness/activity). Call the
+// observer independent of pglimit's tables (internal/harness/activity). Call the
 // returned function to stop it and read the peak; an observer that cannot
 // read the statements of every role in the database fails the test.
 func observePeak(t *testing.T, dbURL, marker string) (stop func() int64) {
@@ -212,7 +212,7 @@ func observePeak(t *testing.T, dbURL, marker string) (stop func() int64) {
 }
 
 // running returns how many statements containing marker run now in q's
-// database (harness/activity); a blind observer fails the test.
+// database (internal/harness/activity); a blind observer fails the test.
 func running(t *testing.T, q activity.Querier, marker string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -25,10 +25,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/activity"
-	"github.com/pglimit/pglimit/harness/pgbouncer"
-	"github.com/pglimit/pglimit/harness/pgtest"
-	"github.com/pglimit/pglimit/harness/replicaset"
+	"github.com/pglimit/pglimit/internal/harness/activity"
+	"github.com/pglimit/pglimit/internal/harness/pgbouncer"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

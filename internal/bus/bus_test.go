@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/pgbouncer"
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgbouncer"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestForgedAndReplayedAreDropped: a role with no grant on the schema

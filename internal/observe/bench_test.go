@@ -7,8 +7,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric/noop"
 
-	"github.com/pglimit/pglimit/harness/observetest"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/observe"
 )
 

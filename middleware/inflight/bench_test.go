@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/bench"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 

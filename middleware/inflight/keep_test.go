@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 

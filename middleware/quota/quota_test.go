@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	mquota "github.com/pglimit/pglimit/middleware/quota"
 	"github.com/pglimit/pglimit/quota"
 )

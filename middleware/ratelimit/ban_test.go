@@ -19,8 +19,8 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/ban"
-	"github.com/pglimit/pglimit/harness/observetest"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )
 

@@ -3,7 +3,7 @@ package ratelimit_test
 import (
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/bench"
 )
 
 // BenchmarkRateLimit measures a rate-limit decision under one policy and

@@ -15,7 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/bench"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // BenchmarkWholeRequestBorrowed measures what the rate limit, borrowing,

@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit/access"
-	"github.com/pglimit/pglimit/harness/observetest"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/rules"
 )
 

@@ -3,7 +3,7 @@ package upload_test
 import (
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/bench"
+	"github.com/pglimit/pglimit/internal/harness/bench"
 )
 
 // BenchmarkUpload measures an upload's claim of a slot in its user's

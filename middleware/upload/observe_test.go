@@ -10,8 +10,8 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/harness/observetest"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/permit"
 )

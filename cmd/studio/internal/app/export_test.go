@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestExportClientGoneBeforeAnyRowIsAudited: a client that leaves while

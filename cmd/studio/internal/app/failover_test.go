@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestReadOnlyPrimaryIs503: a primary demoted in a failover answers every

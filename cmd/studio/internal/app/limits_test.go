@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestLimitsListsAreBounded: with 250 live throttles and 130 requests in

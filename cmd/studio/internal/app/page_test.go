@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

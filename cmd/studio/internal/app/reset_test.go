@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // TestEveryResetIsAudited: every reset an operator asks for leaves its

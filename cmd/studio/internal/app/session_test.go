@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 // postBody sends body to srv's path with Content-Type type and an optional

@@ -1,7 +1,7 @@
 // Package pgbouncer starts a throwaway PgBouncer in front of a PostgreSQL
 // server, for the tests that prove pglimit works behind a pooler in
 // transaction pooling mode. It runs the pgbouncer binary installed on the
-// machine (Debian's package puts it in /usr/sbin), as harness/embedpg runs
+// machine (Debian's package puts it in /usr/sbin), as internal/harness/embedpg runs
 // the server: a free loopback port, a temporary directory for the
 // configuration and the auth file, removed by Stop.
 //

@@ -1,5 +1,5 @@
 // Package citustest starts a throwaway Citus cluster — a coordinator and
-// workers, each a PostgreSQL server started by harness/embedpg from the
+// workers, each a PostgreSQL server started by internal/harness/embedpg from the
 // installed server binaries with shared_preload_libraries = 'citus' — for
 // the tests that prove pglimit on Citus. It needs Citus built and
 // installed for that PostgreSQL (../shared/citus/build, as root);
@@ -25,7 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/harness/embedpg"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
 )
 
 // Installed reports whether Citus is installed for the PostgreSQL server

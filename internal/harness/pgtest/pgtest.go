@@ -7,14 +7,14 @@
 //  1. TEST_DATABASE_URL or DATABASE_URL;
 //  2. testcontainers-go's postgres module, when a Docker daemon answers;
 //  3. a throwaway cluster started from the PostgreSQL binaries installed on
-//     the machine (harness/embedpg), one per test binary.
+//     the machine (internal/harness/embedpg), one per test binary.
 //
 // Whose databases they are depends on the role of that URL:
 //   - a superuser: the tests' databases belong to, and the tests connect as,
 //     the role pglimit_test (LOGIN, no other attribute, created on first use),
 //     so a test runs with the rights a service has, not a superuser's. It is
 //     made a member of pg_read_all_stats, so an observer of pg_stat_activity
-//     (harness/activity) reads the statements of every role in the test's
+//     (internal/harness/activity) reads the statements of every role in the test's
 //     database.
 //   - any other role: it must have LOGIN and CREATEDB; the tests' databases
 //     belong to it and the tests connect as it.
@@ -24,7 +24,7 @@
 // studio_console that can log in, from a superuser's migration) would
 // otherwise take part in the tests, as a role whose statements the tests'
 // role may not read. An observer that cannot read every session of its
-// database fails the test saying so (harness/activity).
+// database fails the test saying so (internal/harness/activity).
 //
 // pgtestdb itself is not used: it marks its template with an UPDATE of
 // pg_database, which only a superuser may run, and makes its own role,
@@ -59,8 +59,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
-	"github.com/pglimit/pglimit/harness/embedpg"
 	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/embedpg"
 	"github.com/pglimit/pglimit/internal/migrate"
 	"github.com/pglimit/pglimit/sql/schema"
 )

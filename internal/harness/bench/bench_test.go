@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
