@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +61,38 @@ func runCheck(t *testing.T, cfg Config) *Report {
 	var out bytes.Buffer
 	rep.Print(&out)
 	t.Log(out.String())
+	if len(rep.Unexpected) > 0 {
+		logIncidents(t, cfg.LogDir)
+	}
 	return rep
+}
+
+// logIncidents logs the last lines of the replicas' and the database's
+// logs that tell of a failure (a test's log folder is gone when it ends, and
+// CI shows only the test's output).
+func logIncidents(t *testing.T, dir string) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var hits []string
+		for _, line := range strings.Split(string(b), "\n") {
+			l := strings.ToLower(line)
+			if strings.Contains(l, "level=warn") || strings.Contains(l, "level=error") || strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) || strings.Contains(l, "error:") ||
+				strings.Contains(l, "fatal:") || strings.Contains(l, "timeout") || strings.Contains(l, "unavailable") {
+				hits = append(hits, line)
+			}
+		}
+		if len(hits) > 30 {
+			hits = hits[len(hits)-30:]
+		}
+		if len(hits) > 0 {
+			t.Logf("%s, the last %d lines of failure:\n%s", filepath.Base(f), len(hits), strings.Join(hits, "\n"))
+		}
+	}
 }
 
 // TestLoadCheckShort is the short run of `make test`: three replicas under

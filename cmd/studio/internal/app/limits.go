@@ -260,7 +260,7 @@ func (a *App) nameTokens(ctx context.Context, rows []limitRow) error {
 // whether the read replica (-read-replica-url) serves history reads now;
 // null without one.
 func (a *App) handleLimits(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := dbContext(r.Context())
+	ctx, cancel := listingContext(r.Context())
 	defer cancel()
 	resp, err := a.readLimits(ctx)
 	if err != nil {

@@ -130,7 +130,7 @@ func handleLimitsScript(w http.ResponseWriter, _ *http.Request) {
 // live reads the limits (readLimits) and shapes them for the page; a
 // failure is answered as the API's.
 func (a *App) live(w http.ResponseWriter, r *http.Request) (*liveView, bool) {
-	ctx, cancel := dbContext(r.Context())
+	ctx, cancel := listingContext(r.Context())
 	defer cancel()
 	l, err := a.readLimits(ctx)
 	if err != nil {
