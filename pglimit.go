@@ -57,8 +57,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit/internal/migrate"
 	"github.com/pglimit/pglimit/internal/vocab"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 // MaxLimit is the largest cap any pglimit limit accepts (a heavy
@@ -78,5 +78,5 @@ const MaxLimit = vocab.MaxLimit
 // shard (docs/scaling.md, "Beyond one primary"). See package sql/schema
 // for applying the migrations with goose yourself.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	return schema.Migrate(ctx, pool)
+	return migrate.Limits(ctx, pool)
 }

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/migrate"
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/override"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
@@ -496,7 +496,7 @@ func TestChargeTxSurvivesACrash(t *testing.T) {
 	c := pgtest.Cluster(t)
 	ctx := context.Background()
 	pool := pgtest.Pool(t, c.URL("postgres"), 4)
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := migrate.Limits(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	ledger := newLimiter(t, pool, Options{Name: "billing", Limit: 100, Durable: true})

@@ -3,6 +3,7 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"github.com/pglimit/pglimit"
 	"io"
 	"log/slog"
 	"strings"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/replica"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
@@ -313,7 +313,7 @@ func TestSurvivesDatabaseCrash(t *testing.T) {
 	c := pgtest.Cluster(t)
 	pool := pgtest.Pool(t, c.URL("postgres"), 2)
 	ctx := context.Background()
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	a := newRegistry(t, pool, "a", 100*time.Millisecond)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 )
 
 // SVG draws every path's p50 (bar) and p99 (whisker) at each client count

@@ -17,8 +17,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
-	"github.com/pglimit/pglimit/internal/harness/bench"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 )

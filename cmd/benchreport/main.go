@@ -49,6 +49,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/pglimit/pglimit"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -61,10 +62,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 	_ "github.com/pglimit/pglimit/cmd/internal/redisrate" // the redis_rate baseline
-	"github.com/pglimit/pglimit/internal/harness/bench"
 	"github.com/pglimit/pglimit/internal/harness/embedpg"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func main() {
@@ -192,7 +192,7 @@ func measure(ctx context.Context, o *options, progress *os.File) (*Report, error
 		return nil, err
 	}
 	defer pool.Close()
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
 	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.PostgreSQL); err != nil {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 )
 
 // Measured is one path at one client count.
@@ -149,14 +149,14 @@ func (r *Report) Markdown(chart string) string {
 		o.duration, o.rounds, joinInts(o.clients), groupDigits(o.rows), r.Finished.Sub(r.Started).Round(time.Second))
 
 	w("## How it is measured\n\n")
-	w("`go test -bench` reports a mean per operation; a limit's cost is better read as a latency distribution, so `cmd/benchreport` runs its own loops (package `internal/harness/bench`). ")
+	w("`go test -bench` reports a mean per operation; a limit's cost is better read as a latency distribution, so `cmd/benchreport` runs its own loops (package `cmd/internal/bench`). ")
 	w("For each path and client count, every client runs the path's operation in a loop after one unrecorded warm-up operation, and the latency of every operation is recorded: ")
 	w("p50 and p99 are nearest-rank percentiles of all of them, ops/s is all operations over the wall time. ")
 	w("Every path but the pages runs in %d interleaved rounds of a share of the duration, each round starting with another path, so that what else the machine does falls on the paths and their baselines alike; each path's figures are those of its median round (by p50). ", o.rounds)
 	w("Clients are goroutines sharing one pool, as the handlers of one replica do; each client is its own user, token or sign-in key, so no limit is reached and what is measured is the cost of a grant. ")
 	w("Ratios divide a path's p50 by the baseline's p50 at the same client count. ")
 	w("At 16 clients on a machine of %s CPUs the figures include queueing for the CPU (client, pool and server share it): read them as throughput under contention.\n\n", numCPU(r.Machine))
-	w("The same paths run as Go benchmarks: `go test -run '^$' -bench . -benchmem -cpu 1,16 ./harness/bench/` (package `internal/harness/bench`, `b.RunParallel`).\n\n")
+	w("The same paths run as Go benchmarks: `go test -run '^$' -bench . -benchmem -cpu 1,16 ./cmd/internal/bench/` (package `cmd/internal/bench`, `b.RunParallel`).\n\n")
 	w("![p50 and p99 latency of every path at 1 and 16 clients, log scale](%s)\n\n", chart)
 
 	w("## Limits beside the baselines\n\n")

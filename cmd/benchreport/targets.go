@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 )
 
 // floor is what a path cannot do without, measured in the same run: a sum
@@ -192,7 +192,7 @@ func (r *Report) floorsSection(b *strings.Builder) {
 }
 
 // wholeRequestNote follows the table of floors.
-const wholeRequestNote = "\nThe whole request's row compares chains measured in rounds of their own (the median round of each); the machine's other work falls on each round differently. Measured request by request, each chain in turn, the same ratio is `go test -bench WholeRequestBorrowed ./middleware/ratelimit`'s added_ratio.\n"
+const wholeRequestNote = "\nThe whole request's row compares chains measured in rounds of their own (the median round of each); the machine's other work falls on each round differently. Measured request by request, each chain in turn, the same ratio is `go test -bench WholeRequestBorrowed ./cmd/internal/bench/`'s added_ratio.\n"
 
 func join(a, b string) string {
 	if a == "" {

@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/pglimit/pglimit"
 	"os"
 	"os/exec"
 	"time"
@@ -17,7 +18,6 @@ import (
 	studioschema "github.com/pglimit/pglimit/cmd/studio/sql/schema"
 	"github.com/pglimit/pglimit/internal/harness/embedpg"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func main() {
@@ -54,7 +54,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	err = schema.Migrate(ctx, pool)
+	err = pglimit.Migrate(ctx, pool)
 	if err == nil {
 		err = studioschema.Apply(ctx, pool)
 	}

@@ -22,11 +22,8 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/sql/schema"
 )
-
-// pglimitVersionTable is the version table of pglimit's own migrations,
-// whose schema (pglimit) Apply creates first.
-const pglimitVersionTable = "pglimit.goose_db_version"
 
 // Migration is one folder of goose migrations and where goose keeps its
 // history.
@@ -62,7 +59,7 @@ func ApplyDB(ctx context.Context, sqlDB *sql.DB, m Migration) error {
 	if m.FS == nil || m.VersionTable == "" || m.LockID <= 0 {
 		return errors.New("schema: a migration needs an FS, a version table and a positive lock id")
 	}
-	if m.VersionTable == pglimitVersionTable {
+	if m.VersionTable == schema.VersionTable {
 		// goose creates its version table, not the schema it lives in.
 		if err := createSchema(ctx, sqlDB); err != nil {
 			return err

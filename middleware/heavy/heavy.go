@@ -67,8 +67,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/internal/retryafter"
-	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/slots"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )

@@ -11,7 +11,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
-	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 

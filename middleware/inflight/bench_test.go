@@ -9,16 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
-
-// BenchmarkInFlight measures a token's in-flight slot, claimed and
-// released (inflight.Limiter.Acquire + Permit.Release), at 1 and 16
-// clients beside SELECT 1, the one-row upsert and redis_rate Allow
-// measured in the same run (see bench.Package).
-func BenchmarkInFlight(b *testing.B) { bench.Package(b, "in-flight claim+release") }
 
 // BenchmarkWholeRequestKept measures a steady client — one keep-alive
 // connection, one request after another — through the in-flight cap with

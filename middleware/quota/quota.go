@@ -19,10 +19,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
-	"github.com/pglimit/pglimit/internal/sfv"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
+	"github.com/pglimit/pglimit/middleware/internal/sfv"
 	"github.com/pglimit/pglimit/problem"
 	engine "github.com/pglimit/pglimit/quota"
 )

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 

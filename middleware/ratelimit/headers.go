@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/pglimit/pglimit/internal/sfv"
+	"github.com/pglimit/pglimit/middleware/internal/sfv"
 )
 
 // Header names of draft-ietf-httpapi-ratelimit-headers-11.
@@ -49,8 +49,8 @@ func setHeaders(h http.Header, states []PolicyState) {
 	h.Add(headerRateLimit, limit.String())
 }
 
-// writeString writes s as an sf-string (internal/sfv).
+// writeString writes s as an sf-string (middleware/internal/sfv).
 func writeString(b *strings.Builder, s string) { sfv.String(b, s) }
 
-// writeParam writes ;key=n, n an sf-integer (internal/sfv).
+// writeParam writes ;key=n, n an sf-integer (middleware/internal/sfv).
 func writeParam(b *strings.Builder, key string, n int64) { sfv.Param(b, key, n) }

@@ -128,8 +128,8 @@ import (
 	"github.com/pglimit/pglimit/internal/citus"
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/keys"
-	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/middleware/internal/memo"
 	"github.com/pglimit/pglimit/override"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 

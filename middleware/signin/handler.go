@@ -17,8 +17,8 @@ import (
 	"golang.org/x/text/unicode/norm"
 
 	"github.com/pglimit/pglimit/clientaddr"
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 )
 
 // Handler throttles the sign-in handler next. For each request it buffers

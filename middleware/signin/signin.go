@@ -87,7 +87,7 @@
 // replica right after it (BusNotify, a pg_notify). So while pglimit.Run listens
 // for those notifications, a replica answers a throttled key's sign-ins
 // from memory until the window ends, with no statement (at most 10,000
-// keys, about 3 MB; see internal/memo), counted in pglimit.decisions with
+// keys, about 3 MB; see middleware/internal/memo), counted in pglimit.decisions with
 // the attribute source "memory". Dry run never does.
 //
 // # A database that cannot be reached
@@ -156,11 +156,11 @@ import (
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/keys"
-	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/memo"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 

@@ -26,11 +26,10 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/problem"
-	"github.com/pglimit/pglimit/sql/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
@@ -555,7 +554,7 @@ func TestDatabaseDownFailsClosed(t *testing.T) {
 	c := pgtest.Cluster(t)
 	ctx := context.Background()
 	pool := pgtest.Pool(t, c.URL("postgres"), 4)
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	a := newApp(t, "alice")
@@ -628,7 +627,7 @@ func TestDatabaseHangsFailsClosed(t *testing.T) {
 	t.Cleanup(c.Thaw)
 	ctx := context.Background()
 	pool := pgtest.Pool(t, c.URL("postgres"), 4)
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	a := newApp(t, "alice")

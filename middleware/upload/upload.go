@@ -63,10 +63,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/retryafter"
-	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
+	"github.com/pglimit/pglimit/middleware/internal/slots"
 	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )

@@ -23,7 +23,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/internal/respond"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/upload"
 )
 
@@ -215,50 +215,91 @@ func TestLimitHoldsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// TestRollingWindowBoundary: 5 per 2 s. After 5 uploads the sixth is
+// TestRollingWindowBoundary: 5 per window. After 5 uploads the sixth is
 // refused until the first leaves the window, on the database clock, and is
-// accepted right after.
+// accepted right after; the seventh is refused while the second is still
+// in it. The uploads are a window/8 apart; a machine too slow to send the
+// five and the sixth within the window (the first had left it, by the
+// database's clock, when the sixth was answered 201) is judged again with
+// a window twice as long, up to 16 s, for a fresh user.
 func TestRollingWindowBoundary(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
-	const window = 2 * time.Second
-	h := newLimiter(t, pool, upload.Options{Limit: 5, Window: window}).Handler(&plugins{})
-	for i := 0; i < 5; i++ {
-		if got := send(t, h, "bob", "plugin"); got.status != http.StatusCreated {
-			t.Fatalf("upload %d: %d", i+1, got.status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 	ctx := context.Background()
-	var first time.Time
-	if err := pool.QueryRow(ctx, `SELECT min(claimed_at) FROM pglimit.upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&first); err != nil {
-		t.Fatal(err)
+	// claimedAt is when, on the database clock, user's nth oldest upload
+	// still stored was claimed; since how long ago a time of the database
+	// clock was.
+	claimedAt := func(user string, nth int) (claimed time.Time) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT claimed_at FROM pglimit.upload_window
+			WHERE scope = $1 ORDER BY claimed_at OFFSET $2 LIMIT 1`, upload.Scope(user), nth-1).Scan(&claimed); err != nil {
+			t.Fatal(err)
+		}
+		return claimed
 	}
-	checkRefusal(t, send(t, h, "bob", "plugin"), 5, "2 seconds", 2)
-	var refusals int
-	for {
-		got := send(t, h, "bob", "plugin")
+	since := func(at time.Time) (ago time.Duration) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT now() - $1::timestamptz`, at).Scan(&ago); err != nil {
+			t.Fatal(err)
+		}
+		return ago
+	}
+	for window := 2 * time.Second; ; window *= 2 {
+		if window > 16*time.Second {
+			t.Fatal("the machine could not send six uploads within a window of 16 s")
+		}
+		user := fmt.Sprintf("bob-%v", window)
+		words := fmt.Sprintf("%d seconds", window/time.Second)
+		maxRetry := int(window / time.Second)
+		h := newLimiter(t, pool, upload.Options{Limit: 5, Window: window}).Handler(&plugins{})
+		for i := 0; i < 5; i++ {
+			if got := send(t, h, user, "plugin"); got.status != http.StatusCreated {
+				t.Fatalf("upload %d: %d", i+1, got.status)
+			}
+			time.Sleep(window / 8)
+		}
+		first, second := claimedAt(user, 1), claimedAt(user, 2)
+		got := send(t, h, user, "plugin")
 		if got.status == http.StatusCreated {
-			break
+			if since(first) >= window {
+				t.Logf("window %v: the sixth upload came after the first had left the window: again with a longer one", window)
+				continue
+			}
 		}
-		checkRefusal(t, got, 5, "2 seconds", 2)
-		refusals++
-		if refusals > 100 {
-			t.Fatal("the sixth upload was never accepted")
+		checkRefusal(t, got, 5, words, maxRetry)
+		for refusals := 0; ; refusals++ {
+			got := send(t, h, user, "plugin")
+			if got.status == http.StatusCreated {
+				break
+			}
+			checkRefusal(t, got, 5, words, maxRetry)
+			if refusals > 100+int(window/(20*time.Millisecond)) {
+				t.Fatal("the sixth upload was never accepted")
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
+		var sixth time.Time
+		if err := pool.QueryRow(ctx, `SELECT max(claimed_at) FROM pglimit.upload_window WHERE scope = $1`, upload.Scope(user)).Scan(&sixth); err != nil {
+			t.Fatal(err)
+		}
+		if gap := sixth.Sub(first); gap < window {
+			t.Fatalf("the sixth upload was claimed %v after the first, inside the window of %v", gap, window)
+		} else if gap > window+time.Second {
+			t.Fatalf("the sixth upload waited %v, far beyond the window of %v", gap, window)
+		}
+		// The second oldest is still in the window (a window/8 younger
+		// than the first): the seventh is refused, unless the machine took
+		// that long to send it.
+		got = send(t, h, user, "plugin")
+		if got.status == http.StatusCreated {
+			if since(second) >= window {
+				t.Logf("window %v: the seventh upload came after the second had left the window: again with a longer one", window)
+				continue
+			}
+		}
+		checkRefusal(t, got, 5, words, maxRetry)
+		return
 	}
-	var sixth, dbNow time.Time
-	if err := pool.QueryRow(ctx, `SELECT max(claimed_at), now() FROM pglimit.upload_window WHERE scope = $1`, upload.Scope("bob")).Scan(&sixth, &dbNow); err != nil {
-		t.Fatal(err)
-	}
-	if gap := sixth.Sub(first); gap < window {
-		t.Fatalf("the sixth upload was claimed %v after the first, inside the window of %v", gap, window)
-	} else if gap > window+time.Second {
-		t.Fatalf("the sixth upload waited %v, far beyond the window of %v", gap, window)
-	}
-	// The second oldest is still in the window: the seventh is refused.
-	checkRefusal(t, send(t, h, "bob", "plugin"), 5, "2 seconds", 1)
 }
 
 // TestRollingBoundUnderLoad hammers one user's uploads from three replicas

@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"errors"
+	"github.com/pglimit/pglimit"
 	"os"
 	"sync"
 	"testing"
@@ -129,7 +130,7 @@ func TestSlotTableKeepsLiveSlots(t *testing.T) {
 		('upload_window', 'upload:bo', 1, '00000000-0000-0000-0000-000000000003', 'bo', 'uploads', 'r', now(), now() + interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatalf("migrate on: %v", err)
 	}
 	var all, heavy, inFlight, uploads int
@@ -190,10 +191,10 @@ func TestHostTablesOfTheSameNames(t *testing.T) {
 		return s
 	}
 	before := host()
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatalf("migrate beside the host's tables: %v", err)
 	}
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatalf("second migration: %v", err)
 	}
 	if after := host(); after != before {
@@ -235,7 +236,7 @@ func TestLegacyTablesAreMovedForward(t *testing.T) {
 	if _, err := pool.Exec(ctx, string(legacy)); err != nil {
 		t.Fatalf("legacy schema: %v", err)
 	}
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatalf("migrate a legacy installation: %v", err)
 	}
 	var public []string
@@ -280,7 +281,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = schema.Migrate(ctx, p)
+			errs[i] = pglimit.Migrate(ctx, p)
 		}()
 	}
 	wg.Wait()
@@ -289,7 +290,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 			t.Fatalf("migrator %d: %v", i, err)
 		}
 	}
-	if err := schema.Migrate(ctx, pools[0]); err != nil {
+	if err := pglimit.Migrate(ctx, pools[0]); err != nil {
 		t.Fatalf("second migration: %v", err)
 	}
 	var applied, distinct int
@@ -308,7 +309,7 @@ func TestDownAndUpAgain(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.EmptyURL(t)
 	pool := pgtest.Pool(t, url, 2)
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(pool)
@@ -328,7 +329,7 @@ func TestDownAndUpAgain(t *testing.T) {
 	if tables != 0 {
 		t.Fatalf("%d limit tables left after migrating down", tables)
 	}
-	if err := schema.Migrate(ctx, pool); err != nil {
+	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
 }

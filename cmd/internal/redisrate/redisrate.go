@@ -1,6 +1,6 @@
 // Package redisrate is the redis_rate baseline of the benchmarks: importing
 // it makes github.com/go-redis/redis_rate's Allow on a local Redis a
-// baseline of internal/harness/bench, beside SELECT 1 and the one-row upsert. It
+// baseline of cmd/internal/bench, beside SELECT 1 and the one-row upsert. It
 // lives in the cmd module so that Redis never reaches the library's.
 package redisrate
 
@@ -12,7 +12,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/pglimit/pglimit/internal/harness/bench"
+	"github.com/pglimit/pglimit/cmd/internal/bench"
 )
 
 func init() { bench.RedisRate = newRedisRate }

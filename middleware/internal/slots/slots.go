@@ -19,8 +19,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/respond"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/permit"
 )
 

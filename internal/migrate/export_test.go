@@ -1,3 +1,0 @@
-package migrate
-
-const PglimitVersionTable = pglimitVersionTable
