@@ -19,9 +19,9 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/internal/harness/citustest"
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
-	"github.com/pglimit/pglimit/permit"
 )
 
 // statementLog records every statement a pool runs, with its arguments.

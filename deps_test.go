@@ -11,7 +11,7 @@ import (
 
 // libraryPackages are the packages a service imports to use pglimit.
 var libraryPackages = []string{
-	".", "./db", "./sql/schema", "./permit", "./problem", "./cursor",
+	".", "./db", "./sql/schema", "./quota", "./override", "./problem", "./cursor",
 	"./middleware/...", "./replica", "./housekeeping", "./nodelimit", "./clientaddr", "./access", "./ban",
 }
 

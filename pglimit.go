@@ -11,8 +11,9 @@
 // middleware/signin (failed sign-ins), middleware/ratelimit (request rate
 // per key, GCRA). middleware/readroute sends history reads to a read
 // replica, cursor pages deep history by key, nodelimit shares an outbound
-// call rate between replicas, and permit is the leased slot under heavy,
-// inflight and upload, usable on its own; ban refuses, on every replica
+// call rate between replicas, quota counts per calendar period, override
+// keeps limits as data, and pgtest is a test kit (a migrated database per
+// test); ban refuses, on every replica
 // and from memory, a key a rate limit refused too often
 // (ratelimit.Options.Ban). access keeps allow and deny
 // lists as data, in force on every replica within a second, matched in

@@ -287,7 +287,7 @@ func (r *Report) summary(b *strings.Builder, hasRedis bool) {
 		}
 	}
 	fmt.Fprintf(b, "\n**Throughput from %d to %d clients:** %s. ", lo, hi, strings.Join(scale, ", "))
-	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its lock row (sql/queries/slot.sql, SlotLockScopes); a replica combines the claims that arrive while its previous round trip is in flight into one batch (package permit), so they share each turn. The other limits' scopes are per user, token or key.\n")
+	fmt.Fprintf(b, "Every heavy claim also takes a slot of the installation-wide scope, and claims of one scope take turns on its lock row (sql/queries/slot.sql, SlotLockScopes); a replica combines the claims that arrive while its previous round trip is in flight into one batch (internal/permit), so they share each turn. The other limits' scopes are per user, token or key.\n")
 }
 
 func joinInts(xs []int) string {

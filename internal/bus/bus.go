@@ -98,7 +98,7 @@ const (
 	// + kind. A key is "want <keeper> <scope>" (a replica was refused in
 	// scope: the replicas that keep idle slots of it give them back) or
 	// "gave <keeper> <scope>" (a replica gave some back), where keeper
-	// names the sender's slot keeper (middleware/internal/slots, Keep).
+	// names the sender's slot keeper (internal/slots, Keep).
 	TopicSlots = "slots/"
 	// topicPing is the bus's own liveness check.
 	topicPing = "ping"

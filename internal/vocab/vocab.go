@@ -9,6 +9,7 @@ package vocab
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/pglimit/pglimit/internal/dberr"
 )
@@ -75,4 +76,30 @@ func Classify(err error) Class {
 		return ClassUnavailable
 	}
 	return ClassOther
+}
+
+// ClassOf is Classify(err), except that work whose caller's ctx was
+// canceled is ClassCanceled whatever err says.
+func ClassOf(ctx context.Context, err error) Class {
+	if dberr.IsCanceled(ctx, err) {
+		return ClassCanceled
+	}
+	return Classify(err)
+}
+
+// LogFailure logs err, a failed decision, through log at the level its
+// class (ClassOf with ctx) deserves: Debug, as "request canceled: the
+// client went away", for a caller that went away; Warn for a database
+// that cannot be reached or timed out; Error otherwise.
+func LogFailure(ctx context.Context, log *slog.Logger, msg string, err error, args ...any) {
+	c := ClassOf(ctx, err)
+	args = append(args, "class", string(c), "err", err)
+	switch c {
+	case ClassCanceled:
+		log.DebugContext(ctx, "request canceled: the client went away", append(args, "during", msg)...)
+	case ClassUnavailable, ClassTimeout:
+		log.WarnContext(ctx, msg, args...)
+	default:
+		log.ErrorContext(ctx, msg, args...)
+	}
 }

@@ -66,10 +66,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
-	"github.com/pglimit/pglimit/middleware/internal/slots"
-	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -319,7 +319,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		p, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			l.core.Fail(w, r, err, l.onError)
+			l.core.Failed(r.Context(), err)
+			l.onError(w, r, err)
 			return
 		}
 		if p.refusal != nil {

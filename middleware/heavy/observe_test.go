@@ -13,8 +13,8 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/middleware/heavy"
-	"github.com/pglimit/pglimit/permit"
 )
 
 // TestMetrics: every decision is counted by limit, outcome and scope, every

@@ -12,8 +12,8 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/permit"
 )
 
 // TestMetricsAndDryRun: every decision is counted by limit, outcome and

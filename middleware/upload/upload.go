@@ -63,11 +63,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
-	"github.com/pglimit/pglimit/middleware/internal/slots"
-	"github.com/pglimit/pglimit/permit"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -258,7 +258,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		}
 		slot, err := l.Acquire(r.Context(), key)
 		if err != nil {
-			l.core.Fail(w, r, err, l.onError)
+			l.core.Failed(r.Context(), err)
+			l.onError(w, r, err)
 			return
 		}
 		sw := &statusWriter{ResponseWriter: w}

@@ -383,7 +383,7 @@ WHERE s.kind = @kind::text
 
 -- name: SlotRenew :many
 -- Renews the leases of slots a replica keeps between requests (the
--- in-flight cap's Options.Keep, middleware/internal/slots): each row, by its primary
+-- in-flight cap's Options.Keep, internal/slots): each row, by its primary
 -- key and its lease id, lapses @lease_ms from now again, if it is still
 -- live and still the lease's. One statement for every kept slot of a
 -- replica that needs it (a slot kept in use is renewed once every few

@@ -16,7 +16,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 

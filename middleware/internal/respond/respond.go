@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -56,33 +55,16 @@ func BadRequest(w http.ResponseWriter, slug, title, detail string) {
 	problem.Write(w, &problem.Details{Slug: slug, Title: title, Status: http.StatusBadRequest, Detail: detail})
 }
 
-// Class is pglimit.Classify(err), except that work whose caller's ctx was
-// canceled is ClassCanceled whatever err says.
-func Class(ctx context.Context, err error) vocab.Class {
-	if dberr.IsCanceled(ctx, err) {
-		return vocab.ClassCanceled
-	}
-	return vocab.Classify(err)
-}
+// Class is vocab.ClassOf: pglimit.Classify(err), except that work whose
+// caller's ctx was canceled is ClassCanceled whatever err says.
+func Class(ctx context.Context, err error) vocab.Class { return vocab.ClassOf(ctx, err) }
 
 // Database is Error with the 503 database-unavailable.
 func Database(w http.ResponseWriter, r *http.Request, err error) {
 	Error(w, r, err, SlugUnavailable, DetailUnavailable)
 }
 
-// Log logs err, a failed decision, through log at the level its class
-// (Class with ctx) deserves: Debug, as "request canceled: the client went
-// away", for a caller that went away; Warn for a database that cannot be
-// reached or timed out; Error otherwise.
+// Log is vocab.LogFailure: err logged at the level its class deserves.
 func Log(ctx context.Context, log *slog.Logger, msg string, err error, args ...any) {
-	c := Class(ctx, err)
-	args = append(args, "class", string(c), "err", err)
-	switch c {
-	case vocab.ClassCanceled:
-		log.DebugContext(ctx, "request canceled: the client went away", append(args, "during", msg)...)
-	case vocab.ClassUnavailable, vocab.ClassTimeout:
-		log.WarnContext(ctx, msg, args...)
-	default:
-		log.ErrorContext(ctx, msg, args...)
-	}
+	vocab.LogFailure(ctx, log, msg, err, args...)
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/permit"
 )
 
 type limitRow struct {
@@ -136,13 +135,15 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	}
 	resp.ListMax = listMax
 	for _, kind := range []struct {
-		kind  permit.Kind
+		kind  string
 		into  *[]limitRow
 		total *int64
 	}{
-		{permit.HeavyPermit, &resp.Permits, &resp.Totals.Permits},
-		{permit.UploadWindow, &resp.UploadWindows, &resp.Totals.UploadWindows},
-		{permit.RequestInFlight, &resp.InFlight, &resp.Totals.InFlight},
+		// The kinds of rows of pglimit.slot (sql/schema): the heavy
+		// permits', the upload windows', the in-flight cap's.
+		{"heavy_permit", &resp.Permits, &resp.Totals.Permits},
+		{"upload_window", &resp.UploadWindows, &resp.Totals.UploadWindows},
+		{"request_in_flight", &resp.InFlight, &resp.Totals.InFlight},
 	} {
 		held, err := db.New().SlotListFirst(ctx, a.primary, &db.SlotListFirstParams{Kind: string(kind.kind), Max: listMax})
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 )
 
 // A Leaser needs no HTTP: here a job runner lets at most two reports of a

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 )
 
 // TestNoClaimWaitsOnAnotherRolesLock: a database user of the host's that

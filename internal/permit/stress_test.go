@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 )
 
 // attempt is one claim as its caller saw it: from the call to the return

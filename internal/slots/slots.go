@@ -12,16 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/internal/permit"
 	"github.com/pglimit/pglimit/internal/vocab"
-	"github.com/pglimit/pglimit/middleware/internal/respond"
-	"github.com/pglimit/pglimit/permit"
 )
 
 // DefaultTimeout is the default Options.Timeout of every slot limiter.
@@ -153,13 +151,12 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	return l.leaser.Flush(ctx)
 }
 
-// Fail answers a request whose claim failed: a failure that is not a
-// refusal is logged first, then onError writes the answer.
-func (l *Limiter) Fail(w http.ResponseWriter, r *http.Request, err error, onError func(http.ResponseWriter, *http.Request, error)) {
+// Failed logs a claim that failed for another reason than a refusal (a
+// refusal is no incident); the transport then answers it.
+func (l *Limiter) Failed(ctx context.Context, err error) {
 	if !errors.Is(err, vocab.ErrLimited) {
-		respond.Log(r.Context(), l.Log, l.Pkg+": claim failed", err, "limit", l.Name)
+		vocab.LogFailure(ctx, l.Log, l.Pkg+": claim failed", err, "limit", l.Name)
 	}
-	onError(w, r, err)
 }
 
 // Held is the slots a Permit holds; the zero Held holds none (a dry-run

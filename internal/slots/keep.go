@@ -60,7 +60,7 @@ import (
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/permit"
+	"github.com/pglimit/pglimit/internal/permit"
 )
 
 const (
