@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/session"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -40,8 +40,6 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-var queries = db.New()
-
 // Read runs fn in a read-only transaction on conn whose statement_timeout is
 // what is left of ctx's time bound, so the database stops a statement at the
 // bound even if the client stops reading. When the bound stops the read it
@@ -70,7 +68,7 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 		// a connection interrupted by the deadline may be closed by pgx.
 		left := time.Until(deadline)
 		ms := max(1, (left - min(100*time.Millisecond, left/10)).Milliseconds())
-		if err := queries.SessionSetStatementTimeout(ctx, tx, ms); err != nil {
+		if err := session.SetStatementTimeout(ctx, tx, ms); err != nil {
 			if dberr.IsTimeout(err) {
 				return timedOut(err)
 			}

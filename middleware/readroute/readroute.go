@@ -84,8 +84,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/session"
 )
 
 // Defaults of Options.
@@ -185,9 +185,7 @@ func (r *Router) counted(ctx context.Context, target string) {
 	r.reads.Add(context.WithoutCancel(ctx), 1, r.targets[target])
 }
 
-var queries = db.New()
-
-func ping(ctx context.Context, replica *pgxpool.Pool) error { return queries.SessionPing(ctx, replica) }
+func ping(ctx context.Context, replica *pgxpool.Pool) error { return session.Ping(ctx, replica) }
 
 // errRunTwice is returned by Run when it was called before on the same
 // Router.
