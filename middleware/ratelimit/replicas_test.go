@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -126,19 +127,44 @@ func TestReplicasHoldTheRate(t *testing.T) {
 	for _, with := range []via{viaStatements, viaGeneral, viaShard} {
 		t.Run(with.String(), func(t *testing.T) {
 			t.Parallel()
-			recs := hammer(t, threePools(t), 4, hammerTime(), policies, with, func(*rand.Rand) int { return 1 })
-			v := judge(policies, recs)
-			holds(t, v)
 			// Demand outran the rate: the limiter must have admitted close to
 			// everything the bound allows over the run, and refused the rest.
 			// The run is measured by the decisions' own times (the
 			// database's), from the first to the last: the workers' first
 			// decisions wait for their pools' connections, which a loaded
-			// machine makes slow, so the hammer's duration is not the run.
-			if len(v.reach) == 0 || float64(v.admitted) < 0.8*v.reach[0] || v.refusals == 0 {
-				t.Errorf("admitted %d of a bound over the run of %.1f with %d refusals: the demand did not reach the rate", v.admitted, v.reach, v.refusals)
-			}
+			// machine makes slow, so the hammer's duration is not the run. A
+			// machine whose workers stall (the race detector beside a CPU
+			// hog) leaves moments without demand: it runs again, twice as
+			// long, for a fresh key's bound to be reached; the bound must
+			// hold on every run.
+			reachedRate(t, func(d time.Duration) (bool, string) {
+				recs := hammer(t, threePools(t), 4, d, policies, with, func(*rand.Rand) int { return 1 })
+				v := judge(policies, recs)
+				holds(t, v)
+				return len(v.reach) > 0 && float64(v.admitted) >= 0.8*v.reach[0] && v.refusals > 0,
+					fmt.Sprintf("admitted %d of a bound over the run of %.1f with %d refusals", v.admitted, v.reach, v.refusals)
+			})
 		})
+	}
+}
+
+// reachedRate runs a hammer for hammerTime, and again for twice as long,
+// up to three runs, until run says its demand reached the rate; it fails t
+// when none did.
+func reachedRate(t *testing.T, run func(time.Duration) (reached bool, what string)) {
+	t.Helper()
+	d := hammerTime()
+	for attempt := 1; ; attempt++ {
+		reached, what := run(d)
+		if reached {
+			return
+		}
+		if attempt == 3 || t.Failed() {
+			t.Errorf("%s: the demand did not reach the rate in %d runs", what, attempt)
+			return
+		}
+		t.Logf("%s in a run of %v: the demand did not reach the rate; again for %v", what, d, 2*d)
+		d *= 2
 	}
 }
 
