@@ -98,9 +98,13 @@ const (
 	UploadWindow Kind = "upload_window"
 )
 
-// answerWait is the wait ReleaseWithin keeps a timer of its own for: the
-// middlewares' Handlers keep an answer waiting that long for its release.
-const answerWait = time.Second
+// AnswerWait is how long a Handler keeps its answer waiting for the
+// release (internal/slots, Held.ReleaseWithin), and the wait
+// ReleaseWithin keeps a timer of its own for: long enough for a release to
+// land, so a client that got its answer never finds its own slot held,
+// short enough that a database that stopped answering delays the answer by
+// at most this much while the release goes on under the Leaser's Timeout.
+const AnswerWait = time.Second
 
 // maxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
 // of every cap in every package.
@@ -210,7 +214,7 @@ type Leaser struct {
 	log      *slog.Logger
 	onRel    func(time.Duration, error)
 	bound    coarse         // each round trip's bound: timeout
-	answer   coarse         // ReleaseWithin's bound: answerWait
+	answer   coarse         // ReleaseWithin's bound: AnswerWait
 	citus    citus.Detector // whether claims run on a Citus scope's shard (onShard)
 
 	mu        sync.Mutex
@@ -251,7 +255,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
 	}
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
 		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease, bound: coarse{d: opts.Timeout, own: true},
-		answer:  coarse{d: answerWait},
+		answer:  coarse{d: AnswerWait},
 		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}, nil
 }
 
@@ -370,13 +374,13 @@ func (l *Lease) releaseBy(ctx, bound context.Context) error {
 
 // ReleaseWithin is Release waiting at most d (and no longer than ctx):
 // past d the release goes on without the caller. The Handlers release with
-// it and answerWait before their answer completes. (With d = answerWait it
+// it and AnswerWait before their answer completes. (With d = AnswerWait it
 // waits between d and d + d/32, and costs no timer of its own.)
 func (l *Lease) ReleaseWithin(ctx context.Context, d time.Duration) error {
 	if l == nil || l.leaser == nil {
 		return nil
 	}
-	if d == answerWait {
+	if d == AnswerWait {
 		return l.releaseBy(ctx, l.leaser.answer.get())
 	}
 	bound, cancel := context.WithTimeout(context.Background(), d)

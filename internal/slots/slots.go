@@ -178,18 +178,16 @@ func (h Held) Release(ctx context.Context) error {
 	return h.lease.Release(ctx)
 }
 
-// answerWait is how long a Handler keeps its answer waiting for the
-// release: long enough for a release to land, so a client that got its
-// answer never finds its own slot held, short enough that a database that
-// stopped answering delays the answer by at most this much while the
-// release goes on under the Leaser's Timeout.
-const answerWait = time.Second
+// Grace is added to a request's longest life (heavy: an endpoint's time
+// bound; inflight: MaxDuration) to make its slot's lease: a slot whose
+// holder vanished lapses that long after the bound.
+const Grace = 30 * time.Second
 
 // ReleaseWithin is a Handler's release before the answer completes:
-// Release waiting answerWait at most (a failure is logged by the Leaser).
+// Release waiting permit.AnswerWait at most (a failure is logged by the Leaser).
 func (h Held) ReleaseWithin(ctx context.Context) {
 	if h.lease != nil && (h.kept == nil || !h.kept.k.put(h.kept, h.gen)) {
-		_ = h.lease.ReleaseWithin(ctx, answerWait)
+		_ = h.lease.ReleaseWithin(ctx, permit.AnswerWait)
 	}
 }
 

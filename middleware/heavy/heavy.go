@@ -75,7 +75,7 @@ import (
 
 // grace is added to an endpoint's time bound to make its permits' lease: a
 // permit whose holder never released it lapses at bound + grace.
-const grace = 30 * time.Second
+const grace = slots.Grace
 
 // Problem type slugs of heavy refusals (see WriteError).
 const (

@@ -123,7 +123,7 @@ const slugTooMany = "too-many-requests-in-flight"
 
 // grace is added to MaxDuration to make a slot's lease: a slot whose
 // holder vanished lapses MaxDuration + grace after it was claimed.
-const grace = 30 * time.Second
+const grace = slots.Grace
 
 // Options configure a Limiter.
 type Options struct {
