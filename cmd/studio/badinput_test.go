@@ -343,7 +343,10 @@ func TestConsoleAbuse(t *testing.T) {
 		{"SELECT g FROM generate_series(1, 1000000000000) g", timedOut, want{}}, // a function scan materialises before its first row
 		{"SELECT generate_series(1, 1000000000000)", want{200, "", "ROWS"}, want{}},
 		{"SELECT g FROM generate_series(1, 100000) g", want{200, "", "ROWS"}, want{}},
-		{"SELECT g, repeat('x', 1000000) FROM generate_series(1, 100000) g", want{200, "", "ROWS"}, want{}},
+		// 100 KB values: each past the cut (64 KB), 10 MB to the row cap.
+		// (1 MB values, 100 MB to the cap, once ran out of the time bound
+		// on a loaded machine.)
+		{"SELECT g, repeat('x', 100000) FROM generate_series(1, 100000) g", want{200, "", "ROWS"}, want{}},
 		// 50 MB in one value: a row past the largest the console reads
 		// (maxRowBytes, 16 MB) is refused unread and ends the answer there,
 		// bound ROWS (TestConsoleMemoryIsBounded). On a loaded machine the
