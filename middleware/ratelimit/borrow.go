@@ -15,7 +15,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/middleware/internal/memo"
+	"github.com/pglimit/pglimit/internal/memo"
 )
 
 // Borrowing (Options.Borrow). A key this replica decides at least

@@ -129,7 +129,7 @@ import (
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/middleware/internal/memo"
+	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/override"
 )
 

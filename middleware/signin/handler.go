@@ -38,8 +38,8 @@ import (
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l.exempt != nil && l.exempt(r) {
-			l.obs.Exempted(r.Context(), l.kind)
-			p := &Permit{l: l, exempt: true}
+			l.engine.Exempted(r.Context())
+			p := &Permit{exempt: true}
 			if outer, ok := FromContext(r.Context()); ok {
 				p.outer = outer
 			}

@@ -87,7 +87,7 @@
 // replica right after it (BusNotify, a pg_notify). So while pglimit.Run listens
 // for those notifications, a replica answers a throttled key's sign-ins
 // from memory until the window ends, with no statement (at most 10,000
-// keys, about 3 MB; see middleware/internal/memo), counted in pglimit.decisions with
+// keys, about 3 MB; see internal/memo), counted in pglimit.decisions with
 // the attribute source "memory". Dry run never does.
 //
 // # A database that cannot be reached
@@ -148,18 +148,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/bus"
-	"github.com/pglimit/pglimit/internal/dberr"
-	"github.com/pglimit/pglimit/internal/keys"
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/internal/throttle"
 	"github.com/pglimit/pglimit/internal/vocab"
-	"github.com/pglimit/pglimit/middleware/internal/memo"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -294,30 +288,21 @@ const (
 )
 
 // Limiter is the failed sign-in throttle. It is safe for concurrent use.
+// It decides through internal/throttle and adds what HTTP needs.
 type Limiter struct {
-	pool  *pgxpool.Pool
-	q     *db.Queries
-	name  string
-	scope string // Options.Scope
-	kind  string // the kind of scope of its decisions (scopeUser, scopeKey)
-	// keepOnSuccess: a success gives back its own attempt and clears
-	// nothing (Scope "address").
-	keepOnSuccess bool
-	max           int
-	window        time.Duration
-	key           func(*http.Request) (string, bool)
-	exempt        func(*http.Request) bool
-	maxBody       int64
-	strict        bool
-	timeout       time.Duration
-	onError       func(http.ResponseWriter, *http.Request, error)
-	log           *slog.Logger
-	obs           *observe.Limit
+	engine  *throttle.Limiter
+	name    string
+	scope   string // Options.Scope
+	max     int
+	window  time.Duration
+	strict  bool
+	key     func(*http.Request) (string, bool)
+	exempt  func(*http.Request) bool
+	maxBody int64
+	onError func(http.ResponseWriter, *http.Request, error)
+	log     *slog.Logger
 	// defaultKey: Options.Key was left to the default (Reset normalises).
 	defaultKey bool
-	// memory answers throttled keys until their windows end.
-	sub    *bus.Subscription
-	memory *memo.Table[int32]
 }
 
 // New returns a Limiter counting failures in pool's database. Every write
@@ -380,20 +365,17 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{kind}, DryRun: opts.DryRun,
-		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
+	engine, err := throttle.New(pool, throttle.Config{Name: opts.Name, Kind: kind, KeepOnSuccess: opts.Scope == scopeAddress,
+		Limit: opts.Limit, Window: opts.Window, Strict: !opts.Lenient, Timeout: opts.Timeout,
+		Logger: opts.Logger, MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
 	if err != nil {
 		return nil, fmt.Errorf("signin: %w", err)
 	}
-	l := &Limiter{
-		pool: pool, q: db.New(), name: opts.Name, scope: opts.Scope, kind: kind, keepOnSuccess: opts.Scope == scopeAddress, max: opts.Limit, window: opts.Window, key: opts.Key,
-		exempt: opts.Exempt, maxBody: opts.MaxBodyBytes, strict: !opts.Lenient, timeout: opts.Timeout, onError: opts.OnError, log: opts.Logger,
-		obs: obs, defaultKey: defaultKey,
-	}
-	b := bus.For(pool)
-	l.sub = b.Subscribe(bus.TopicSignIn, func(key string) { l.memory.Forget(key) }, func() { l.memory.ForgetAll() })
-	l.memory = memo.New[int32](b, l.sub)
-	return l, nil
+	return &Limiter{
+		engine: engine, name: opts.Name, scope: opts.Scope, max: opts.Limit, window: opts.Window, strict: !opts.Lenient,
+		key: opts.Key, exempt: opts.Exempt, maxBody: opts.MaxBodyBytes, onError: opts.OnError, log: opts.Logger,
+		defaultKey: defaultKey,
+	}, nil
 }
 
 // Flush does nothing and returns nil: every write of the throttle is made
@@ -432,11 +414,6 @@ type LimitError struct {
 	// RetryAfter is when the window lapses, on the database clock, at least
 	// one second.
 	RetryAfter time.Duration
-
-	// window is the time left of the key's window as the database read
-	// it (RetryAfter before its one-second floor), so the refusal may be
-	// remembered that long; 0 for the refusal of a row that kept changing.
-	window time.Duration
 }
 
 func (e *LimitError) Error() string {
@@ -454,6 +431,11 @@ func (e *LimitError) scopeName() string {
 // Is reports whether target is pglimit.ErrLimited.
 func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
+// limitError is the LimitError of the engine's refusal r.
+func (l *Limiter) limitError(r *throttle.Refused) *LimitError {
+	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: r.Failures, RetryAfter: r.RetryAfter}
+}
+
 type outcome int
 
 const (
@@ -468,12 +450,9 @@ const (
 // counts and later ones do nothing. Its methods are safe for concurrent
 // use.
 type Permit struct {
-	l        *Limiter
-	key      string
-	prior    int32       // live failures the read saw (normal mode, and a dry-run refusal)
-	reserved bool        // the attempt was reserved (strict mode)
-	refusal  *LimitError // dry run: the refusal the attempt would have had
-	exempt   bool        // Options.Exempt exempted the request: nothing is counted
+	attempt *throttle.Attempt // nil when exempt
+	refusal *LimitError       // dry run: the refusal the attempt would have had
+	exempt  bool              // Options.Exempt exempted the request: nothing is counted
 	// outer is the Permit of the Limiter wrapped around this one's
 	// Handler (an address's around a username's): an outcome reported
 	// here is reported there too.
@@ -504,63 +483,19 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	if key == "" {
 		return nil, errNoKey
 	}
-	key = keys.Stored(key)
-	dryRun := l.obs.DryRun()
-	if !dryRun {
-		le, gate := l.recall(key)
-		if le == nil && gate != nil {
-			// The key was throttled lately: this replica's statements for
-			// it take turns, and each looks again first.
-			gate.Lock()
-			defer gate.Unlock()
-			le, _ = l.recall(key)
-		}
-		if le != nil {
-			l.obs.RefusedFromMemory(ctx, l.kind)
-			return nil, le
-		}
-	}
-	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	seq := l.memory.Seq()
-	start := time.Now()
-	p, err := l.acquire(ctx, key)
-	l.obs.Took(ctx, observe.Check, start)
-	err = dberr.OwnTimeout(ctx, err)
-	var le *LimitError
+	a, err := l.engine.Acquire(ctx, key)
+	var r *throttle.Refused
 	switch {
-	case errors.As(err, &le):
-		if !dryRun && le.window > 0 {
-			// The window ends RetryAfter after the statement read the
-			// database's clock, which it did after start: until
-			// start + RetryAfter the key is throttled on every replica
-			// (retry_ms is rounded up: less a millisecond).
-			l.memory.Remember(key, start.Add(le.window-time.Millisecond), int32(le.Failures), seq)
-		}
-		if !l.obs.Refused(ctx, l.kind, key, "failures", le.Failures) {
-			return nil, err
-		}
-		// Dry run: the attempt goes on unreserved; a failure is recorded
-		// and a success clears the key, as for any other.
-		return &Permit{l: l, key: key, prior: int32(le.Failures), refusal: le}, nil
+	case errors.As(err, &r):
+		return nil, l.limitError(r)
 	case err != nil:
-		l.obs.Failed(ctx, l.kind, err)
-		return nil, err
+		return nil, fmt.Errorf("signin: %w", err)
 	}
-	l.obs.Granted(ctx, l.kind)
+	p := &Permit{attempt: a}
+	if r := a.Refusal(); r != nil {
+		p.refusal = l.limitError(r)
+	}
 	return p, nil
-}
-
-// recall answers a sign-in of a key remembered as throttled; gate is the
-// key's gate while it has a refusal remembered (see memo.Linger).
-func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
-	now := time.Now()
-	failures, until, ok, gate := l.memory.Recall(key, now)
-	if !ok {
-		return nil, gate
-	}
-	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: int(failures),
-		RetryAfter: max(time.Second, until.Sub(now))}, gate
 }
 
 // Reset clears key's failed sign-ins on every replica: its row in
@@ -574,26 +509,14 @@ func (l *Limiter) recall(key string) (*LimitError, *sync.Mutex) {
 // or a client address, in.
 func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	if l.defaultKey {
-		if key = l.defaultKeyOf(key); key == "" {
-			return 0, errNoKey
-		}
+		key = l.defaultKeyOf(key)
 	}
 	if key == "" {
 		return 0, errNoKey
 	}
-	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	key = keys.Stored(key)
-	had, err := l.q.LoginAttemptClear(ctx, l.pool, key)
+	n, err := l.engine.Reset(ctx, key)
 	if err != nil {
-		return 0, fmt.Errorf("signin: reset: %w", dberr.OwnTimeout(ctx, err))
-	}
-	if err := l.notify(ctx, key); err != nil {
-		return 0, fmt.Errorf("signin: reset: the replicas were not told: %w", dberr.OwnTimeout(ctx, err))
-	}
-	n := 0
-	for _, f := range had {
-		n += int(f)
+		return 0, fmt.Errorf("signin: %w", err)
 	}
 	return n, nil
 }
@@ -612,81 +535,6 @@ func (l *Limiter) defaultKeyOf(s string) string {
 		return "address:" + k
 	}
 	return ""
-}
-
-// notify tells every replica to forget what it remembers of key
-// (BusNotify): a write just lowered its count.
-func (l *Limiter) notify(ctx context.Context, key string) error {
-	return l.q.BusNotify(ctx, l.pool, bus.TopicSignIn+"\n"+key)
-}
-
-// notifyAfter tells every replica to forget key when the write that lowered
-// its count may have undone a refusal one remembers: the key had reached
-// the limit before it (had are the failures it had). A notification that
-// fails is logged: other replicas then refuse the key until its window
-// ends, as the database would have before the write.
-func (l *Limiter) notifyAfter(ctx context.Context, key string, had []int32) {
-	for _, f := range had {
-		if int(f) >= l.max {
-			if err := l.notify(ctx, key); err != nil {
-				l.log.WarnContext(ctx, "signin: the replicas were not told that a key's failures went down", "limit", l.name, "err", err)
-			}
-			return
-		}
-	}
-}
-
-func (l *Limiter) acquire(ctx context.Context, key string) (*Permit, error) {
-	if l.strict {
-		return l.reserve(ctx, key)
-	}
-	row, err := l.q.LoginAttemptGet(ctx, l.pool, key)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return &Permit{l: l, key: key}, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("signin: read throttle: %w", err)
-	}
-	if int(row.Failures) >= l.max {
-		return nil, l.limitError(row.Failures, row.RetryMs)
-	}
-	return &Permit{l: l, key: key, prior: row.Failures}, nil
-}
-
-func (l *Limiter) limitError(failures int32, retryMs int64) *LimitError {
-	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: int(failures),
-		RetryAfter: max(time.Second, time.Duration(retryMs)*time.Millisecond), window: max(0, time.Duration(retryMs)*time.Millisecond)}
-}
-
-// reserve is strict mode's Acquire: one atomic statement that counts the
-// attempt up front only while the key is under the limit.
-func (l *Limiter) reserve(ctx context.Context, key string) (*Permit, error) {
-	params := &db.LoginAttemptReserveParams{Key: key, WindowMs: l.window.Milliseconds(), MaxFailures: int32(l.max)}
-	for try := 0; ; try++ {
-		_, err := l.q.LoginAttemptReserve(ctx, l.pool, params)
-		if err == nil {
-			return &Permit{l: l, key: key, reserved: true}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("signin: reserve attempt: %w", err)
-		}
-		// Refused: read the row for when its window ends. If it is gone by
-		// now (cleared, or lapsed and swept), the key is free: try again.
-		got, err := l.q.LoginAttemptGet(ctx, l.pool, key)
-		if err == nil && int(got.Failures) >= l.max {
-			return nil, l.limitError(got.Failures, got.RetryMs)
-		}
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("signin: read throttle: %w", err)
-		}
-		if try == 2 {
-			// The row keeps changing under us; refuse rather than let an
-			// unreserved attempt through.
-			le := l.limitError(int32(l.max), time.Second.Milliseconds())
-			le.window = 0
-			return nil, le
-		}
-	}
 }
 
 // decide sets the outcome once; it reports whether this call set it.
@@ -708,13 +556,6 @@ func (p *Permit) undecide() {
 	p.mu.Unlock()
 }
 
-// writeCtx bounds a write of an outcome by the Limiter's Timeout; the write
-// outlives ctx's cancellation (a client that goes away still has its
-// failure counted).
-func (p *Permit) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return dberr.WithTimeout(context.WithoutCancel(ctx), p.l.timeout)
-}
-
 // Fail counts the attempt as a failed sign-in, in a statement of its own
 // on the pool (its own transaction), so it is counted whatever becomes of
 // the caller's transaction, and even when ctx is already canceled. In
@@ -725,23 +566,14 @@ func (p *Permit) Fail(ctx context.Context) error {
 	if p == nil || !p.decide(failed) {
 		return nil
 	}
-	return errors.Join(p.fail(ctx), p.outer.Fail(ctx))
-}
-
-func (p *Permit) fail(ctx context.Context) error {
-	if p.reserved || p.exempt {
-		return nil
+	var err error
+	if p.attempt != nil {
+		if err = p.attempt.Fail(ctx); err != nil {
+			p.undecide()
+			err = fmt.Errorf("signin: %w", err)
+		}
 	}
-	ctx, cancel := p.writeCtx(ctx)
-	defer cancel()
-	defer p.l.obs.Took(ctx, observe.Record, time.Now())
-	if _, err := p.l.q.LoginAttemptRecordFailure(ctx, p.l.pool, &db.LoginAttemptRecordFailureParams{
-		Key: p.key, WindowMs: p.l.window.Milliseconds(),
-	}); err != nil {
-		p.undecide()
-		return fmt.Errorf("signin: record failure: %w", dberr.OwnTimeout(ctx, err))
-	}
-	return nil
+	return errors.Join(err, p.outer.Fail(ctx))
 }
 
 // Succeed clears the key's failures after a successful sign-in: one delete
@@ -754,25 +586,13 @@ func (p *Permit) Succeed(ctx context.Context) error {
 	if p == nil || !p.decide(succeeded) {
 		return nil
 	}
-	return errors.Join(p.succeed(ctx), p.outer.Succeed(ctx))
-}
-
-func (p *Permit) succeed(ctx context.Context) error {
-	if p.l.keepOnSuccess {
-		return p.giveBack(ctx)
+	var err error
+	if p.attempt != nil {
+		if err = p.attempt.Succeed(ctx); err != nil {
+			err = fmt.Errorf("signin: %w", err)
+		}
 	}
-	if !p.reserved && p.prior == 0 {
-		return nil
-	}
-	ctx, cancel := p.writeCtx(ctx)
-	defer cancel()
-	defer p.l.obs.Took(ctx, observe.Record, time.Now())
-	had, err := p.l.q.LoginAttemptClear(ctx, p.l.pool, p.key)
-	if err != nil {
-		return fmt.Errorf("signin: clear failures: %w", dberr.OwnTimeout(ctx, err))
-	}
-	p.l.notifyAfter(ctx, p.key, had)
-	return nil
+	return errors.Join(err, p.outer.Succeed(ctx))
 }
 
 // Release ends the attempt as neither a failure nor a success: the request
@@ -785,33 +605,13 @@ func (p *Permit) Release(ctx context.Context) error {
 	if p == nil || !p.decide(released) {
 		return nil
 	}
-	return errors.Join(p.giveBack(ctx), p.outer.Release(ctx))
-}
-
-// giveBack gives back a strict attempt's reservation.
-func (p *Permit) giveBack(ctx context.Context) error {
-	if !p.reserved {
-		return nil
-	}
-	ctx, cancel := p.writeCtx(ctx)
-	defer cancel()
-	defer p.l.obs.Took(ctx, observe.Record, time.Now())
-	left, err := p.l.q.LoginAttemptUnreserve(ctx, p.l.pool, p.key)
-	if err != nil {
-		return fmt.Errorf("signin: give back reservation: %w", dberr.OwnTimeout(ctx, err))
-	}
-	if len(left) == 1 && left[0] == 0 {
-		// No failure left: the row goes (a row of none would list the key,
-		// every client address that signed in, until its window lapses).
-		if _, err := p.l.q.LoginAttemptDeleteEmpty(ctx, p.l.pool, p.key); err != nil {
-			p.l.log.WarnContext(ctx, "signin: deleting a row of no failures failed; it lapses with its window", "limit", p.l.name, "err", err)
+	var err error
+	if p.attempt != nil {
+		if err = p.attempt.Release(ctx); err != nil {
+			err = fmt.Errorf("signin: %w", err)
 		}
 	}
-	for i := range left {
-		left[i]++ // what it had before
-	}
-	p.l.notifyAfter(ctx, p.key, left)
-	return nil
+	return errors.Join(err, p.outer.Release(ctx))
 }
 
 type permitKey struct{}
