@@ -20,7 +20,7 @@ import (
 	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/internal/harness/citustest"
 	"github.com/pglimit/pglimit/internal/permit"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
 
@@ -197,7 +197,7 @@ func TestOnCitus(t *testing.T) {
 	if err := ok.Succeed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rate, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet,
+	rate, err := ratelimit.New(pool, ratelimit.Options{Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestOnCitus(t *testing.T) {
 // (all or nothing), borrowing — holds its limits exactly.
 func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *slog.Logger) {
 	t.Helper()
-	one, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet,
+	one, err := ratelimit.New(pool, ratelimit.Options{Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 3, Window: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +304,7 @@ func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *
 	// Two policies: the hourly one admits 4, the minute one 2 — a request
 	// refused by either spends neither.
 	policies := []ratelimit.Policy{{Name: "minute", Limit: 2, Window: time.Minute}, {Name: "hour", Limit: 4, Window: time.Hour}}
-	two, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Policies: policies})
+	two, err := ratelimit.New(pool, ratelimit.Options{Logger: quiet, Policies: policies})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *
 	// Borrowing: a hot key takes batches on its shard and spends them in
 	// memory; never more than the bucket holds.
 	const limit = 50
-	hot, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Borrow: true,
+	hot, err := ratelimit.New(pool, ratelimit.Options{Logger: quiet, Borrow: true,
 		Policies: []ratelimit.Policy{{Name: "hot", Limit: limit, Window: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *
 	}
 	// A key far below its limit: every request admitted, and what the
 	// replica holds unspent is given back at Flush.
-	roomy, err := ratelimit.New(pool, ratelimit.Options{Key: noKey, Logger: quiet, Borrow: true,
+	roomy, err := ratelimit.New(pool, ratelimit.Options{Logger: quiet, Borrow: true,
 		Policies: []ratelimit.Policy{{Name: "roomy", Limit: 100_000, Window: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)

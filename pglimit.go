@@ -4,20 +4,21 @@
 // ADR-0196 (docs/ADR-0196.txt in the repository).
 //
 // The limits are in their own packages, all of one shape (New with checked
-// Options, Handler(next), Acquire(ctx, key) for code that is not HTTP, a
-// *LimitError matching ErrLimited, a replaceable OnError):
-// middleware/heavy (expensive endpoints), middleware/inflight (requests in
-// flight per token), middleware/upload (uploads per rolling window),
-// middleware/signin (failed sign-ins), middleware/ratelimit (request rate
-// per key, GCRA). middleware/readroute sends history reads to a read
-// replica, cursor pages deep history by key, nodelimit shares an outbound
-// call rate between replicas, quota counts per calendar period, override
-// keeps limits as data, and pgtest is a test kit (a migrated database per
-// test); ban refuses, on every replica
-// and from memory, a key a rate limit refused too often
-// (ratelimit.Options.Ban). access keeps allow and deny
-// lists as data, in force on every replica within a second, matched in
-// memory; middleware/rules denies (403) and exempts by them.
+// Options, Acquire(ctx, key) returning a Permit or a *LimitError matching
+// ErrLimited, and an HTTP face with Handler(next) and a replaceable
+// OnError): middleware/heavy (expensive endpoints), middleware/inflight
+// (requests in flight per token), middleware/upload (uploads per rolling
+// window), middleware/signin (failed sign-ins); ratelimit (request rate per
+// key, GCRA) and quota (per calendar period) are engines without net/http,
+// whose HTTP faces are middleware/ratelimit and middleware/quota.
+// middleware/readroute sends history reads to a read replica, cursor pages
+// deep history by key, nodelimit shares an outbound call rate between
+// replicas, override keeps limits as data, and pgtest is a test kit (a
+// migrated database per test); ban refuses, on every replica and from
+// memory, a key a rate limit refused too often (ratelimit.Options.Ban).
+// access keeps allow and deny lists as data, in force on every replica
+// within a second, matched in memory; middleware/rules denies (403) and
+// exempts by them.
 //
 // This package is the small part they share: ErrLimited, which every
 // refusal matches; Classify, which tells a database that cannot be reached

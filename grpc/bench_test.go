@@ -11,7 +11,7 @@ import (
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // BenchmarkCall is one unary call over loopback TCP from one client: bare

@@ -19,13 +19,14 @@ import (
 	"github.com/pglimit/pglimit"
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // A gRPC server whose calls are held to a rate per tenant (the metadata
 // x-tenant) and a cap on the calls each tenant has in flight, counted in
 // PostgreSQL across every replica. The Limiters are the ones an HTTP front
-// uses; their HTTP key is not read here.
+// uses: the rate engine knows no HTTP, and the in-flight cap's HTTP key is
+// not read here.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -38,7 +39,7 @@ func Example() {
 	}
 
 	noHTTP := func(*http.Request) (string, bool) { return "", false } // this service has no HTTP front
-	rl, err := ratelimit.New(pool, ratelimit.Options{Name: "example-api", Key: noHTTP,
+	rl, err := ratelimit.New(pool, ratelimit.Options{Name: "example-api",
 		Policies: []ratelimit.Policy{{Name: "per-tenant", Limit: 2, Window: time.Minute}}})
 	if err != nil {
 		log.Fatal(err)

@@ -26,12 +26,13 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
 
-// noHTTP is the HTTP key of a Limiter that serves gRPC only.
+// noHTTP is the HTTP key of an in-flight cap or heavy endpoint that
+// serves gRPC only.
 func noHTTP(*http.Request) (string, bool) { return "", false }
 
 // tenant is the key of the tests' calls: the metadata x-tenant.
@@ -109,9 +110,6 @@ func as(ctx context.Context, key string) context.Context {
 
 func newRate(t testing.TB, pool *pgxpool.Pool, opts ratelimit.Options) *ratelimit.Limiter {
 	t.Helper()
-	if opts.Key == nil {
-		opts.Key = noHTTP
-	}
 	l, err := ratelimit.New(pool, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -1,13 +1,13 @@
 // Package pglimitgrpc puts pglimit's limiters in front of a gRPC server:
-// unary and stream server interceptors over the same engines the HTTP
-// middlewares use (middleware/ratelimit, middleware/inflight,
+// unary and stream server interceptors over the same limiters the HTTP
+// fronts use (the rate engine ratelimit, middleware/inflight,
 // middleware/heavy), so one Limiter may serve an HTTP and a gRPC front of
 // one service at once, counted together across every replica.
 //
 // It is a Go module of its own (github.com/pglimit/pglimit/grpc), so a
 // service that only speaks HTTP downloads nothing of gRPC.
 //
-//	rl, err := ratelimit.New(pool, ratelimit.Options{Key: httpKey, Policies: policies})
+//	rl, err := ratelimit.New(pool, ratelimit.Options{Policies: policies})
 //	rate, err := pglimitgrpc.RateLimit(rl, pglimitgrpc.Options{Key: pglimitgrpc.MetadataKey("x-tenant")})
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(rate.Unary()), grpc.ChainStreamInterceptor(rate.Stream()))
 //
@@ -17,9 +17,11 @@
 // and its answer is a gRPC status (see Status): a refusal is
 // codes.ResourceExhausted with RetryInfo, QuotaFailure and ErrorInfo
 // details, a database that cannot decide codes.Unavailable, a heavy call
-// stopped at its time bound codes.DeadlineExceeded. The Limiter's own
-// Options.Key (a func of *http.Request) is the HTTP front's and is not read
-// here; a service with no HTTP front gives one that returns false.
+// stopped at its time bound codes.DeadlineExceeded. The rate limit's
+// engine knows nothing of HTTP; the in-flight cap's and the heavy
+// endpoint's own Options.Key (a func of *http.Request) is the HTTP front's
+// and is not read here: a service with no HTTP front gives one that
+// returns false.
 //
 // # Metadata
 //
@@ -48,7 +50,8 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // KeyFunc returns the identity a call is counted against, read from the
@@ -154,7 +157,7 @@ func RateLimit(l *ratelimit.Limiter, opts Options) (*Interceptor, error) {
 			return nil, nil, nil, err
 		}
 		h := http.Header{}
-		p.SetHeaders(h)
+		mratelimit.SetHeaders(h, p.Policies)
 		return ctx, headerMD(h), nil, nil
 	}
 	return i, nil

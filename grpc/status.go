@@ -20,7 +20,8 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // Domain is the ErrorInfo domain of every status Status makes.
@@ -179,7 +180,7 @@ func refusalMD(err error) metadata.MD {
 	switch {
 	case errors.As(err, &rl):
 		h := http.Header{}
-		(&ratelimit.Permit{Policies: rl.Policies}).SetHeaders(h)
+		mratelimit.SetHeaders(h, rl.Policies)
 		return headerMD(h)
 	case errors.As(err, &hl):
 		w := &headerOnly{h: http.Header{}}

@@ -27,7 +27,8 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 var (
@@ -146,9 +147,9 @@ func TestSlugsMatchHTTP(t *testing.T) {
 		write func(http.ResponseWriter, *http.Request, error)
 		err   error
 	}{
-		{"rate refusal", ratelimit.WriteError, rateRefusal},
-		{"rate unavailable", ratelimit.WriteError, unavailable},
-		{"rate internal", ratelimit.WriteError, errors.New("x")},
+		{"rate refusal", mratelimit.WriteError, rateRefusal},
+		{"rate unavailable", mratelimit.WriteError, unavailable},
+		{"rate internal", mratelimit.WriteError, errors.New("x")},
 		{"in-flight refusal", inflight.WriteError, inflightRefus},
 		{"in-flight unavailable", inflight.WriteError, unavailable},
 		{"heavy refusal", heavy.WriteError, heavyRefusal},

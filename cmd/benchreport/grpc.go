@@ -20,7 +20,7 @@ import (
 	"github.com/pglimit/pglimit/cmd/internal/bench"
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // kindGRPC is a whole gRPC call through the interceptors of the gRPC front
@@ -52,7 +52,7 @@ func (serving) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.H
 func grpcPaths(pool *pgxpool.Pool) ([]bench.Path, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	noHTTP := func(*http.Request) (string, bool) { return "", false }
-	rl, err := ratelimit.New(pool, ratelimit.Options{Name: "bench-grpc", Key: noHTTP, Logger: quiet,
+	rl, err := ratelimit.New(pool, ratelimit.Options{Name: "bench-grpc", Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "fast", Limit: 1_000_000, Window: time.Second}}})
 	if err != nil {
 		return nil, nil, err

@@ -325,7 +325,7 @@ func (r *Report) rateSection(b *strings.Builder) {
 	cs := r.Options.clients
 	lo, hi := cs[0], cs[len(cs)-1]
 	w("\n## The rate limit beside redis_rate\n\n")
-	w("The rate limit's decisions (package `middleware/ratelimit`) and their baselines measured again in %d interleaved rounds: ", r.Options.rateRounds)
+	w("The rate limit's decisions (package `ratelimit`) and their baselines measured again in %d interleaved rounds: ", r.Options.rateRounds)
 	w("each round runs every path below for %v at each client count, starting with a different one each round, so that other work on the machine falls on all of them alike; ", max(r.Options.duration/2, time.Millisecond))
 	w("each figure is the median of the rounds. The one-row upsert is the floor of any counter kept in PostgreSQL: the same kind of statement as a decision (INSERT ... ON CONFLICT DO UPDATE ... RETURNING on one UNLOGGED row) with no logic at all.\n\n")
 	w("| path | p50, %d client(s) | ÷ redis_rate | ÷ SELECT 1 | ÷ upsert | ops/s, %d clients | ÷ redis_rate |\n|---|---:|---:|---:|---:|---:|---:|\n", lo, hi)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/housekeeping"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // The churn's mix: the share of each operation, the number of keys each

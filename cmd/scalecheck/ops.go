@@ -15,9 +15,9 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // Operation names, in the order they are measured and reported.
@@ -48,7 +48,7 @@ var What = map[string]string{
 	OpRateBorrowed: "ratelimit.Limiter.Acquire of a client's hot key with Options.Borrow (a unit spent in memory; one statement per batch of about a second of the policy's units)",
 }
 
-// noKey is the Key of limiters used through Acquire only.
+// noKey is the HTTP Key of the slot limiters used through Acquire only.
 func noKey(*http.Request) (string, bool) { return "", false }
 
 // limiters are one replica's limiters, made with the public API over that
@@ -101,12 +101,12 @@ func newLimiters(pool *pgxpool.Pool, c limiterConfig) (*limiters, error) {
 		return nil, err
 	}
 	if l.rate, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "scale-rate", Key: noKey, Policies: []ratelimit.Policy{c.rate}, Logger: quiet,
+		Name: "scale-rate", Policies: []ratelimit.Policy{c.rate}, Logger: quiet,
 	}); err != nil {
 		return nil, err
 	}
 	if l.borrow, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "scale-borrow", Key: noKey, Borrow: true, Logger: quiet,
+		Name: "scale-borrow", Borrow: true, Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "scale-borrow", Limit: 1_000_000, Window: time.Second}},
 	}); err != nil {
 		return nil, err

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // OpResult is one operation measured at one number of clients.

@@ -252,7 +252,7 @@ func TestAddressRateAcrossReplicas(t *testing.T) {
 	excess, where := rateExcess(admitted, rate)
 	// A refusal answered from memory is judged at the database's time
 	// from below: as if it had been decided up to one statement's way
-	// back earlier (middleware/ratelimit's clock.below). Each refusal is
+	// back earlier (ratelimit's clock.below). Each refusal is
 	// judged from that much before its send: the longest answer seen,
 	// which bounds any statement's way back.
 	var slack time.Duration

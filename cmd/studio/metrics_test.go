@@ -16,7 +16,7 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // heavyNames are the service's heavy endpoints with a request bob may
@@ -81,7 +81,7 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	for _, h := range heavyNames {
 		holdPermit(t, pool, h.name, "alice", 10, "")
 	}
-	rate, err := ratelimit.New(pool, ratelimit.Options{Name: "api", Key: func(*http.Request) (string, bool) { return "", false },
+	rate, err := ratelimit.New(pool, ratelimit.Options{Name: "api",
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour, Burst: 20}}})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
+	engine "github.com/pglimit/pglimit/ratelimit"
 )
 
 // slugTooMany is the problem type slug of a refused request, slugBanned
@@ -21,49 +22,6 @@ const (
 	slugBanned  = "banned"
 )
 
-// LimitError is a refused request.
-type LimitError struct {
-	// Name is the limiter's name.
-	Name string
-	// Violated names the policies that had no room for the request, in the
-	// request's order (the problem body's violated-policies).
-	Violated []string
-	// Limit is the first violated policy's Limit (the problem body's
-	// limit).
-	Limit int
-	// RetryAfter is the time until the request would fit, exact to the
-	// microsecond on the database clock, if nothing else is spent
-	// meanwhile; 0 when it never can (its cost is above a violated
-	// policy's Burst).
-	RetryAfter time.Duration
-	// Cost is what the request would have spent.
-	Cost int
-	// Policies are the request's policies and the key's state in them
-	// (none when the cost is above a burst: no round trip was made).
-	Policies []PolicyState
-	// At is when the decision was made, on the database clock (zero when
-	// no round trip was made).
-	At time.Time
-	// Banned is true when the key is banned (Options.Ban): refused
-	// without a statement until RetryAfter from now, whatever it spends;
-	// Violated, Limit and Policies are then empty.
-	Banned bool
-}
-
-func (e *LimitError) Error() string {
-	if e.Banned {
-		return fmt.Sprintf("ratelimit: %s: the key is banned; retry in %v", e.Name, e.RetryAfter)
-	}
-	if e.RetryAfter == 0 {
-		return fmt.Sprintf("ratelimit: %s: a request of cost %d can never pass policies %s (above their burst)",
-			e.Name, e.Cost, strings.Join(e.Violated, ", "))
-	}
-	return fmt.Sprintf("ratelimit: %s: no room in policies %s; retry in %v", e.Name, strings.Join(e.Violated, ", "), e.RetryAfter)
-}
-
-// Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
-
 // isCanceled reports whether err ended a decision because the caller's
 // context was canceled: a client that went away, not a failure.
 func isCanceled(ctx context.Context, err error) bool {
@@ -72,7 +30,7 @@ func isCanceled(ctx context.Context, err error) bool {
 
 // isUnavailable reports whether err is a database that cannot be reached
 // or did not answer in time (pglimit.ClassUnavailable or ClassTimeout):
-// what FailOpen covers and what is answered 503.
+// what the Limiter's FailOpen covers and what is answered 503.
 func isUnavailable(err error) bool {
 	c := vocab.Classify(err)
 	return c == vocab.ClassUnavailable || c == vocab.ClassTimeout
@@ -80,7 +38,7 @@ func isUnavailable(err error) bool {
 
 // writeBanned writes a banned key's refusal (e.Banned): 429 banned with
 // Retry-After and the member retryAfter (seconds, rounded up).
-func writeBanned(w http.ResponseWriter, r *http.Request, e *LimitError) {
+func writeBanned(w http.ResponseWriter, r *http.Request, e *engine.LimitError) {
 	retry := retryafter.Seconds(e.RetryAfter)
 	problem.Write(w, &problem.Details{
 		Slug: slugBanned, Title: "Banned", Status: http.StatusTooManyRequests, Instance: r.URL.Path,
@@ -89,7 +47,7 @@ func writeBanned(w http.ResponseWriter, r *http.Request, e *LimitError) {
 	})
 }
 
-// WriteError is the default Options.OnError. A *LimitError is 429
+// WriteError is the default Options.OnError. An *engine.LimitError is 429
 // too-many-requests with Retry-After (none when the request can never
 // pass), the RateLimit headers and the members limit, retryAfter
 // (seconds) and violated-policies; a banned key's (Banned) is 429 banned
@@ -99,7 +57,7 @@ func writeBanned(w http.ResponseWriter, r *http.Request, e *LimitError) {
 // 500 internal-error, without the error's text. It logs nothing: the
 // Limiter logs incidents, once each.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *LimitError
+	var e *engine.LimitError
 	if errors.As(err, &e) {
 		writeRefusal(w, r, e)
 		return
@@ -107,12 +65,12 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	respond.Database(w, r, err)
 }
 
-func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+func writeRefusal(w http.ResponseWriter, r *http.Request, e *engine.LimitError) {
 	if e.Banned {
 		writeBanned(w, r, e)
 		return
 	}
-	setHeaders(w.Header(), e.Policies)
+	SetHeaders(w.Header(), e.Policies)
 	ext := map[string]any{"limit": e.Limit, "violated-policies": e.Violated}
 	d := &problem.Details{
 		Slug: slugTooMany, Title: "Too many requests", Status: http.StatusTooManyRequests,

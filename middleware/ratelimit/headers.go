@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/pglimit/pglimit/middleware/internal/sfv"
+	engine "github.com/pglimit/pglimit/ratelimit"
 )
 
 // Header names of draft-ietf-httpapi-ratelimit-headers-11.
@@ -19,10 +20,13 @@ const (
 // implementation-specific parameters to carry a vendor prefix).
 const burstParameter = "pglimit-burst"
 
-// setHeaders adds RateLimit-Policy and RateLimit for states, one list
-// member per policy, as RFC 9651 structured-field lists. It adds nothing
-// for no states.
-func setHeaders(h http.Header, states []PolicyState) {
+// SetHeaders adds RateLimit-Policy and RateLimit for the policies' states
+// of a decision (a Permit's or a LimitError's Policies), one list member
+// per policy, as RFC 9651 structured-field lists; added, not set, so a
+// response limited by several limiters lists them all. It adds nothing
+// for no states. For a decision made outside Handler (AcquireN in a
+// handler of its own).
+func SetHeaders(h http.Header, states []engine.PolicyState) {
 	if len(states) == 0 {
 		return
 	}
@@ -35,7 +39,7 @@ func setHeaders(h http.Header, states []PolicyState) {
 		writeString(&policy, s.Name)
 		writeParam(&policy, "q", int64(s.Limit))
 		writeParam(&policy, "w", int64(s.Window.Seconds()))
-		if b := s.burst(); b != s.Limit {
+		if b := s.Burst; b != 0 && b != s.Limit { // 0 is Limit
 			writeParam(&policy, burstParameter, int64(b))
 		}
 		writeString(&limit, s.Name)

@@ -1,23 +1,12 @@
-// Package ratelimit limits the rate of requests per key — an API token, a
-// user, a tenant — across every replica of a service, counted in
-// PostgreSQL, the database the service already has.
+// Package ratelimit is the HTTP face of a rate limit (package
+// github.com/pglimit/pglimit/ratelimit, the engine): it takes each
+// request's key, policies and cost, asks the engine's Limiter, answers the
+// RateLimit headers on every request it counted, and refuses a request
+// past the rate with 429 too-many-requests. It decides nothing itself.
 //
-// Each key is held to one or more Policies: Limit units per Window with
-// bursts of up to Burst units, by GCRA (the generic cell rate algorithm,
-// as go-redis/redis_rate has it): in any interval of length L at most
-// Burst + Limit × L / Window units are admitted. A decision is one
-// statement on the UNLOGGED table pglimit.api_request_window — an INSERT
-// ... ON CONFLICT DO UPDATE ... RETURNING on the key's row, which holds
-// the state of all its policies — so replicas deciding for one key at
-// once take turns on that row's lock, and each judges what the one before
-// it left. Every policy of a request is judged in that same statement: a
-// request is admitted only if all of them have room, and a refused request
-// spends none of them. Times come from the database clock. Read the
-// statements in sql/queries/api_request_window.sql.
-//
-// A request costs one unit, or what Options.Cost says (a bulk call may
-// cost more). Options.PolicyFunc gives each request its policies (by the
-// caller's plan or tenant), so limits change without a restart.
+//	limiter, err := ratelimit.New(pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "api", Limit: 100, Window: time.Second}}})
+//	mw, err := mratelimit.New(mratelimit.Options{Limiter: limiter, Key: tokenID})
+//	mux.Handle("/api/", mw.Handler(api))
 //
 // # Responses
 //
@@ -37,132 +26,47 @@
 // policy's Limit), retryAfter (seconds) and violated-policies (draft-11's
 // member: the names of the policies that refused it), the same headers,
 // and Retry-After: the whole seconds, rounded up, until the request would
-// fit, computed from the same statement's state.
-//
-// # Refusals from memory
-//
-// Under GCRA a key's state only moves later until an operator resets it:
-// other replicas can spend more, never less. So a refusal holds, exactly,
-// for every request of that key of the same cost or more under the same
-// policies until the time the statement named, and while pglimit.Run
-// listens for invalidations (LISTEN pglimit) a replica answers those
-// requests from memory with no statement: the same 429, headers and
-// Retry-After, judged at the database's time (mapped from the replica's
-// clock through the statement that refused, never later than the
-// database's). A cheaper request, or one under other policies, is decided
-// in the database; while a key is refused a replica's statements for it
-// take turns, so a key hammered past its rate costs each replica one
-// statement per refusal period besides the admitted ones. Reset clears a
-// key everywhere within about a second. The table is bounded: at most
-// 10,000 keys per Limiter (under 600 bytes each with one policy, about
-// 6 MB); when it is full and nothing in it has lapsed, a new refusal is
-// not remembered. Such refusals are counted in pglimit.decisions with the
-// attribute source "memory". Dry run never answers from memory.
-//
-// # Borrowing
-//
-// With Options.Borrow, a key this replica decides ten times a second or
-// more takes its policy's units in batches: one statement
-// (APIRequestWindowBorrow) spends, in the database, about a second of the
-// policy's units but at most a share of what the key has free (half while
-// at least half is free, a quarter down to a fifth, a tenth below), and
-// the replica spends them in memory. A batch is a stretch of the GCRA's
-// own time line, and a unit of it is spent only while the database clock
-// has not passed it, so every replica's admissions together stay within
-// Burst + Limit × L / Window in every interval of length L, as without
-// borrowing (the tests hold three replicas to that bound). The price is
-// units one replica holds that another could have used: a request of
-// another replica may be refused that would have fit. A batch unused for
-// 250 ms, and every batch at Flush, is given back when no other decision
-// spent after it; otherwise its units lapse. A replica that is killed
-// strands at most its batches — per key at most half the burst — until
-// they lapse, within Burst × Window / Limit. The metrics
-// pglimit.ratelimit.borrowed, .spent, .returned and .stranded count units
-// (attribute limit); a unit spent from memory is a decision of
-// pglimit.decisions with source "memory". Keys decided less often, keys
-// under several policies and dry run decide in the database per request.
-//
-// # Bans
-//
-// With Options.Ban, every refusal by the rate (not one of a request that
-// can never pass) is counted toward its key's ban (package ban, under
-// Options.BanKey's key), and a key refused Rule.After times within
-// Rule.Within is banned for Rule.For on every replica: refused before any
-// statement, from memory, with a *LimitError whose Banned is true (429
-// banned with Retry-After and retryAfter), counted in pglimit.decisions
-// with outcome "banned" and source "memory". The refusal that bans is
-// answered as banned already. Dry run neither counts nor refuses.
+// fit. A banned key (the engine's Options.Ban) is 429 banned with
+// Retry-After.
 //
 // # Failures
 //
-// When the database cannot be reached or does not answer within Timeout,
-// the limiter fails closed by default (503 database-unavailable) or, with
-// FailOpen, lets the request through uncounted and without headers. Either
-// way the incident is logged once when it begins and once when the
-// database answers again (with how many requests it touched), and counted
-// once in the metric pglimit.ratelimit.incidents; every failed decision is
-// counted in pglimit.decisions with outcome "error".
+// When the database cannot decide, the request is refused with 503
+// database-unavailable and Retry-After, or, with the engine's
+// Options.FailOpen, let through uncounted and without headers; a client
+// that went away gets nothing.
 //
-// A Limiter is safe for concurrent use.
+// A Middleware is safe for concurrent use.
 package ratelimit
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"sync"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
+	engine "github.com/pglimit/pglimit/ratelimit"
 
-	"github.com/pglimit/pglimit/ban"
-	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/bus"
-	"github.com/pglimit/pglimit/internal/citus"
-	"github.com/pglimit/pglimit/internal/dberr"
-	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/observe"
-	"github.com/pglimit/pglimit/internal/memo"
-	"github.com/pglimit/pglimit/override"
 )
 
-// Defaults of Options.
-const (
-	defaultName    = "api"
-	defaultTimeout = 5 * time.Second
-)
-
-// Options configure a Limiter. Key and Policies (or PolicyFunc) are
-// required; every other field has a default.
+// Options configure a Middleware. Limiter and Key are required.
 type Options struct {
-	// Name is the limiter's name: its rows in api_request_window, the
-	// attribute "limit" of its metrics, its log lines. Limiters with
-	// different names count apart. 1 to 64 letters, digits, '.', '_' or
-	// '-'. Default "api".
-	Name string
+	// Limiter decides. Required.
+	Limiter *engine.Limiter
 	// Key returns the identity a request is counted against (a token's
 	// id, a user, a tenant; never a raw secret: it is stored, and logged
 	// in dry run). ok false, or an empty key, lets the request through
 	// uncounted and without headers: a limiter is not an authenticator.
 	// Required.
 	Key func(*http.Request) (key string, ok bool)
-	// Policies are the policies of every request, checked here. Required
-	// unless PolicyFunc is set.
-	Policies []Policy
 	// PolicyFunc, when set, gives the policies of each request (by the
 	// caller's plan or tenant, read per request, so limits change without
 	// a restart); nil or none lets the request through uncounted. Its
 	// policies are checked per request: an invalid one fails the request
-	// (500, logged) with an error matching ErrInvalidPolicy. Default: none
-	// (Policies for every request).
-	PolicyFunc func(r *http.Request, key string) []Policy
+	// (500, logged) with an error matching engine.ErrInvalidPolicy.
+	// Default: none (the Limiter's Options.Policies for every request,
+	// which must then have one).
+	PolicyFunc func(r *http.Request, key string) []engine.Policy
 	// Exempt, when set, lets a request for which it returns true through
 	// uncounted, spending nothing, without headers and without a
 	// statement, counted in pglimit.decisions with outcome "exempt": the
@@ -174,765 +78,86 @@ type Options struct {
 	// Burst can never pass it and is refused without a database round
 	// trip, with no Retry-After. Default: 1 per request.
 	Cost func(*http.Request) int
-	// FailOpen lets requests through, uncounted and without headers, while
-	// the database cannot be reached or does not answer within Timeout.
-	// Default false: such requests are refused with 503
-	// database-unavailable. Closed is the default because the limit
-	// exists to protect the service when it is loaded, and a database
-	// that stops answering in time is most often a loaded one: letting
-	// every request through then adds to the load the limit was set to
-	// shed, and the handlers behind it share that database anyway. Set it
-	// for handlers that work without the database, where an outage of the
-	// counter should not become an outage of the API.
-	FailOpen bool
-	// DryRun decides, counts, logs and sends headers as usual, but refuses
-	// nobody: a request that would have been refused passes, spends
-	// nothing, is counted with outcome "dry-run-refused" and logged (at
-	// most a line a second, with the number of lines left out). How an
-	// operator introduces a limit safely. Default false.
-	DryRun bool
-	// Timeout bounds the database work of one decision when the caller's
-	// context has no sooner deadline. Default 5s.
-	Timeout time.Duration
-	// Borrow lets a replica take a key it decides often (ten times a
-	// second or more) in batches: one statement spends up to about a
-	// second of the policy's units, at most a share of what the key has
-	// free, and the replica spends them in memory (see Borrowing). It
-	// never admits past the policy's bound; the units a replica holds may
-	// refuse another replica's request that would have fit. Keys judged by
-	// several policies, and dry run, decide in the database per request.
-	// Default false: every admission is a statement.
-	Borrow bool
-	// Ban, when set, bans keys this limiter refuses too often (package
-	// ban): every refusal of a key is counted toward its ban, and a
-	// banned key is refused before any statement, from memory, with a
-	// *LimitError whose Banned is true (429 banned), until its ban ends or
-	// an operator lifts it. Dry run neither counts nor refuses. Default
-	// nil: no bans.
-	Ban *ban.Bans
-	// Overrides, when set, give keys their own limit under a policy (a
-	// customer's plan, changed while the service runs: package override):
-	// a key with an override in force under a policy's Name is judged
-	// with that Limit, and its Burst scaled by the same ratio (rounded up,
-	// at least 1); an override of 0 refuses every request of the key,
-	// without Retry-After, and one above 1,000,000 is 1,000,000. What the
-	// key spent before stays spent as the same share of its burst (the
-	// GCRA keeps time, not a count): a raised limit refills faster and
-	// admits the larger burst once the key is quiet, it does not forgive
-	// at once. Read from memory: no statement. A borrowed batch of a key
-	// whose limit changed is given back at the key's next request
-	// (TestOverrideAcrossReplicas, TestOverrideGivesBackBorrowedBatch).
-	// Default nil: none.
-	Overrides *override.Store
-	// QualifiedKey gives the name of the limiter's key outside the
-	// limiter: what a refusal is counted and a ban kept under, and what an
-	// override is looked up under (so that several limiters and key kinds
-	// share one Bans and one override.Store without meeting:
-	// "address:" + key). Default: the key.
-	QualifiedKey func(key string) string
 	// OnError writes every response the middleware writes itself: a
-	// refusal (*LimitError), a database that cannot be reached or timed
-	// out, an invalid policy. Default WriteError.
+	// refusal (*engine.LimitError), a database that cannot be reached or
+	// timed out, an invalid policy. Default WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
-	// Logger receives the incident and dry-run lines. Default
-	// slog.Default() (taken at New).
+	// Logger receives what PolicyFunc or Cost gave that cannot be used.
+	// Default slog.Default() (taken at New).
 	Logger *slog.Logger
-	// MeterProvider gives the meter of the metrics pglimit.decisions,
-	// pglimit.decision.duration and pglimit.ratelimit.incidents. Default
-	// otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
 }
 
-// Limiter limits the rate of requests per key. It is safe for concurrent
-// use.
-type Limiter struct {
-	pool       *pgxpool.Pool
-	q          *db.Queries
-	name       string
-	key        func(*http.Request) (string, bool)
-	exempt     func(*http.Request) bool
-	policies   []Policy
-	policyFunc func(*http.Request, string) []Policy
-	cost       func(*http.Request) int
-	failOpen   bool
-	timeout    time.Duration
-	onError    func(http.ResponseWriter, *http.Request, error)
-	log        *slog.Logger
-	obs        *observe.Limit
-	incidents  metric.Int64Counter
-	incident   incidents
-	errLog     observe.Sampled
-	// memory answers refusals that hold until a known time; borrow is
-	// nil unless Options.Borrow.
-	sub    *bus.Subscription
-	memory *memo.Table[*refusal]
-	borrow *borrower
-	// bans is Options.Ban (nil: none), over Options.Overrides, qualify
-	// Options.QualifiedKey.
-	bans    *ban.Bans
-	over    *override.Store
-	qualify func(string) string
-	// generalOnly makes every decision use APIRequestWindowDecide (tests
-	// compare the two statements).
-	generalOnly bool
-	// citus tells whether decisions run on a Citus key's shard
-	// (APIRequestWindowDecideOnShard, APIRequestWindowBorrowOnShard).
-	citus citus.Detector
+// Middleware limits the rate of HTTP requests through its Limiter.
+type Middleware struct {
+	o      Options
+	errLog observe.Sampled
 }
 
-// New returns a Limiter counting in pool's database, which must have
-// pglimit's schema. It checks opts once, here.
-func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
-	if pool == nil {
-		return nil, errors.New("ratelimit: nil pool")
+// New checks o once and returns a Middleware.
+func New(o Options) (*Middleware, error) {
+	if o.Limiter == nil {
+		return nil, errors.New("ratelimit: Options.Limiter is required")
 	}
-	if opts.Name == "" {
-		opts.Name = defaultName
-	}
-	if err := validName(opts.Name); err != nil {
-		return nil, fmt.Errorf("ratelimit: Options.Name: %v", err)
-	}
-	if opts.Key == nil {
+	if o.Key == nil {
 		return nil, errors.New("ratelimit: Options.Key is required")
 	}
-	if opts.PolicyFunc == nil && len(opts.Policies) == 0 {
-		return nil, errors.New("ratelimit: Options.Policies or Options.PolicyFunc is required")
+	if o.PolicyFunc == nil && len(o.Limiter.Policies()) == 0 {
+		return nil, errors.New("ratelimit: Options.PolicyFunc is required when the Limiter has no Policies")
 	}
-	if len(opts.Policies) > 0 {
-		if err := checkPolicies(opts.Policies); err != nil {
-			return nil, err
-		}
+	if o.OnError == nil {
+		o.OnError = WriteError
 	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("ratelimit: negative Options.Timeout")
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
-	if opts.Timeout == 0 {
-		opts.Timeout = defaultTimeout
-	}
-	if opts.OnError == nil {
-		opts.OnError = WriteError
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.MeterProvider == nil {
-		opts.MeterProvider = otel.GetMeterProvider()
-	}
-	obs, err := observe.New(observe.Options{Name: opts.Name, Scopes: []string{scopeKey}, DryRun: opts.DryRun,
-		MeterProvider: opts.MeterProvider, Logger: opts.Logger, DB: pool, Timeout: opts.Timeout})
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: %w", err)
-	}
-	incidents, err := newIncidentCounter(opts.MeterProvider)
-	if err != nil {
-		return nil, err
-	}
-	l := &Limiter{
-		pool: pool, q: db.New(), name: opts.Name, key: opts.Key, exempt: opts.Exempt,
-		policies: slices.Clone(opts.Policies), policyFunc: opts.PolicyFunc, cost: opts.Cost,
-		failOpen: opts.FailOpen, timeout: opts.Timeout,
-		onError: opts.OnError, log: opts.Logger, obs: obs, incidents: incidents,
-		bans: opts.Ban, over: opts.Overrides, qualify: opts.QualifiedKey,
-	}
-	if l.qualify == nil {
-		l.qualify = func(k string) string { return k }
-	}
-	l.incident.init(l)
-	b := bus.For(pool)
-	l.sub = b.Subscribe(bus.TopicRate+l.name, l.forget, l.forgetAll)
-	l.memory = memo.New[*refusal](b, l.sub)
-	if opts.Borrow && !opts.DryRun {
-		if l.borrow, err = newBorrower(l, opts.MeterProvider); err != nil {
-			return nil, err
-		}
-	}
-	return l, nil
-}
-
-// forget drops what this replica remembers of a key (stored form): an
-// operator reset it.
-func (l *Limiter) forget(key string) {
-	l.memory.Forget(key)
-	if l.borrow != nil {
-		l.borrow.drop(key)
-	}
-}
-
-func (l *Limiter) forgetAll() {
-	l.memory.ForgetAll()
-}
-
-// Reset clears key's state on every replica: its row in
-// api_request_window goes, and every replica forgets the refusals and
-// borrowed units of the key it remembers, within about a second (the
-// notification sent after the delete). The key's next request starts a
-// full bucket. For an operator who lets a client in again.
-func (l *Limiter) Reset(ctx context.Context, key string) error {
-	if key == "" {
-		return errors.New("ratelimit: empty key")
-	}
-	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	stored := keys.Stored(key)
-	if err := l.q.APIRequestWindowReset(ctx, l.pool, &db.APIRequestWindowResetParams{Name: l.name, Key: stored}); err != nil {
-		return fmt.Errorf("ratelimit: reset: %w", dberr.OwnTimeout(ctx, err))
-	}
-	if err := l.q.BusNotify(ctx, l.pool, bus.TopicRate+l.name+"\n"+stored); err != nil {
-		return fmt.Errorf("ratelimit: reset: the replicas were not told: %w", dberr.OwnTimeout(ctx, err))
-	}
-	return nil
-}
-
-// KeyState is a key's state under a Limiter's policies, as Keys reads it.
-type KeyState struct {
-	// Key is the key as the table stores it: the key itself, or
-	// "sha256:" and the hex of its digest when it is longer than 200
-	// bytes or not valid UTF-8.
-	Key string
-	// Policies are the key's state under each of Options.Policies (its
-	// override's limit where it has one) that the key has spent in.
-	Policies []PolicyState
-}
-
-// maxKeys bounds one page of Keys.
-const maxKeys = 1000
-
-// Keys lists the keys whose state still counts (they spent within their
-// policies' tolerance), in key order after the key after ("" for the
-// first page), at most max (1 to 1,000), each with its remaining and
-// reset under Options.Policies, read in one statement and consuming
-// nothing. Units a replica borrowed and has not spent count as spent. A
-// Limiter with PolicyFunc and no Options.Policies has no policies to judge
-// a key by: Keys returns an error matching ErrInvalidPolicy.
-func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]KeyState, error) {
-	if max < 1 || max > maxKeys {
-		return nil, fmt.Errorf("ratelimit: keys: max %d is not between 1 and %d", max, maxKeys)
-	}
-	if len(l.policies) == 0 {
-		return nil, policyError("Keys judges keys by Options.Policies, which is empty")
-	}
-	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	rows, err := l.q.APIRequestWindowKeys(ctx, l.pool, &db.APIRequestWindowKeysParams{Name: l.name, After: after, Max: int32(max)})
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: keys: %w", dberr.OwnTimeout(ctx, err))
-	}
-	out := make([]KeyState, 0, len(rows))
-	for _, r := range rows {
-		policies, _ := l.overridden(r.Key, l.policies)
-		ks := KeyState{Key: r.Key}
-		for _, p := range policies {
-			if i := slices.Index(r.Policies, p.Name); i >= 0 && i < len(r.Tats) {
-				ks.Policies = append(ks.Policies, stateOf(p, r.Now.UnixMicro(), r.Tats[i].UnixMicro()))
-			}
-		}
-		if len(ks.Policies) > 0 {
-			out = append(out, ks)
-		}
-	}
-	return out, nil
-}
-
-// Flush gives back the units this replica borrowed and has not spent
-// (Options.Borrow), so other replicas may spend them: call it when the
-// replica shuts down. Without borrowing it does nothing.
-func (l *Limiter) Flush(ctx context.Context) error {
-	if l.borrow == nil {
-		return nil
-	}
-	if err := l.borrow.flush(ctx); err != nil {
-		return fmt.Errorf("ratelimit: flush: %w", err)
-	}
-	return nil
-}
-
-// FailOpen reports Options.FailOpen: whether a front lets a request
-// through, uncounted, when AcquireN fails because the database cannot be
-// reached or did not answer in time (Handler does; a gRPC interceptor
-// reads it to do the same).
-func (l *Limiter) FailOpen() bool { return l.failOpen }
-
-// PolicyState is one policy of a decision and the key's state in it.
-type PolicyState struct {
-	Policy
-	// Remaining is the units the key may spend at once now (the header's
-	// r): after the request when it was admitted, before it when refused.
-	Remaining int
-	// Reset is the time until one more unit is available (the header's t,
-	// rounded up to whole seconds); 0 when the key has spent nothing.
-	Reset time.Duration
-}
-
-// Permit is an admitted request: the decision, made at At on the
-// database clock, and the state of each policy after it. Release is a
-// no-op: a rate is spent when it is granted.
-type Permit struct {
-	// Name is the limiter's name.
-	Name string
-	// Cost is the units the request spent (0 in dry run when Refusal is
-	// not nil).
-	Cost int
-	// Policies are the request's policies, in its order.
-	Policies []PolicyState
-	// At is when the decision was made, on the database clock.
-	At time.Time
-
-	refusal *LimitError
-}
-
-// Refusal is, in dry run, the refusal the decision would have been
-// without it (the request was let through and spent nothing); nil when
-// the request fits.
-func (p *Permit) Refusal() *LimitError { return p.refusal }
-
-// Release does nothing and returns nil: a rate is spent when it is
-// granted and never given back. It exists so that every pglimit permit
-// is released the same way.
-func (p *Permit) Release(context.Context) error { return nil }
-
-// SetHeaders adds RateLimit-Policy and RateLimit for the decision to h
-// (added: a response limited by several limiters lists them all).
-func (p *Permit) SetHeaders(h http.Header) { setHeaders(h, p.Policies) }
-
-// Acquire spends one unit of key's rate under Options.Policies, for
-// callers that are not HTTP handlers. It returns a *LimitError when a
-// policy has no room (in dry run: a Permit whose Refusal says so).
-func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
-	return l.AcquireN(ctx, key, 1, nil)
-}
-
-// AcquireN spends cost units of key's rate under policies (nil:
-// Options.Policies), all or nothing. It returns a *LimitError (matching
-// pglimit.ErrLimited) when a policy has no room for cost (in dry run: a Permit with Refusal set), an
-// error matching ErrInvalidPolicy for policies that cannot be used, and a
-// database error (pglimit.Classify tells which) when the decision could
-// not be made: FailOpen is the Handler's; AcquireN always returns it.
-func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies []Policy) (*Permit, error) {
-	if key == "" {
-		return nil, errors.New("ratelimit: empty key")
-	}
-	if cost < 0 {
-		return nil, fmt.Errorf("%w: %d", errInvalidCost, cost)
-	}
-	if policies == nil {
-		policies = l.policies
-	} else if err := checkPolicies(policies); err != nil {
-		return nil, err
-	}
-	if len(policies) == 0 {
-		return nil, policyError("no policies: Options.Policies is empty")
-	}
-	dryRun := l.obs.DryRun()
-	if l.bans != nil && !dryRun {
-		if until, banned := l.bans.Banned(ctx, l.qualify(key)); banned {
-			l.obs.BannedFromMemory(ctx, scopeKey)
-			return nil, &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: cost}
-		}
-	}
-	policies, nothing := l.overridden(key, policies)
-	if nothing != nil {
-		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: nothing, Limit: 0, Cost: cost})
-	}
-	if never := exceedsBurst(policies, cost); never != nil {
-		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
-	}
-	stored := keys.Stored(key)
-	now := time.Now()
-	if !dryRun {
-		le, gate := l.recall(stored, cost, policies, now)
-		if le == nil && gate != nil {
-			// The key was refused lately: this replica's statements for it
-			// take turns, and each looks again first, so that one asks
-			// the database when the refusal lapses.
-			gate.Lock()
-			defer gate.Unlock()
-			now = time.Now()
-			le, _ = l.recall(stored, cost, policies, now)
-		}
-		if le != nil {
-			l.obs.RefusedFromMemory(ctx, scopeKey)
-			return nil, l.toward(ctx, key, le)
-		}
-	}
-	if l.borrow != nil && len(policies) == 1 && cost > 0 {
-		p, err, done := l.borrow.acquire(ctx, stored, cost, policies[0], policies, now)
-		if done {
-			return l.borrowed(ctx, key, p, err)
-		}
-	}
-	seq := l.memory.Seq()
-	start := time.Now()
-	d, err := l.decide(ctx, stored, cost, policies)
-	received := time.Now()
-	l.obs.Took(ctx, observe.Check, start)
-	if err != nil {
-		if !isCanceled(ctx, err) {
-			l.incident.failed(ctx, err)
-		}
-		l.obs.Failed(ctx, scopeKey, err)
-		return nil, err
-	}
-	l.incident.recovered(ctx)
-	if d.refusal != nil {
-		if !dryRun {
-			l.remember(stored, policies, cost, d, start, received, seq)
-		}
-		return l.refused(ctx, key, d.refusal)
-	}
-	l.obs.Granted(ctx, scopeKey)
-	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at}, nil
-}
-
-// refusal is a refusal remembered (package memo): under GCRA a key's TATs
-// only move later until an operator resets the key (other replicas can
-// spend more, never less), so a refusal of a key, for a cost and a set of
-// policies, holds for every request of that key of that cost or more under
-// the same policies until the time the statement named.
-type refusal struct {
-	policies []Policy
-	cost     int
-	tats     []time.Time
-	clock    clock
-}
-
-// clock maps this replica's clock to the database's, from one statement:
-// at is its time on the database clock, sent and received when it was sent
-// and answered on this replica's (monotonic) clock. The database read its
-// clock between the two, so at + (t − sent) is at least the database's
-// time at t and at + (t − received) at most.
-type clock struct{ at, sent, received time.Time }
-
-// above is the database's time at t, from above: what a borrowed unit is
-// judged by, which must never be spent late, and what a remembered refusal
-// is judged by and reports (its At and Retry-After): a refusal answered
-// from memory holds at every time the database's clock can show, so it is
-// never one the database would not have made for this request (judged
-// from below it could be up to the statement's way back early: the load
-// check on Citus counted such a refusal with room).
-func (c clock) above(t time.Time) time.Time { return c.at.Add(t.Sub(c.sent)) }
-
-// below is the database's time at t, from below: what a permit spent from
-// a borrowed batch reports as its At.
-func (c clock) below(t time.Time) time.Time { return c.at.Add(t.Sub(c.received)) }
-
-// remember keeps a refusal d the database made for a statement sent at
-// sent and answered at received, until received + its RetryAfter.
-func (l *Limiter) remember(key string, policies []Policy, cost int, d *decision, sent, received time.Time, seq uint64) {
-	l.memory.Remember(key, received.Add(d.refusal.RetryAfter),
-		&refusal{policies: slices.Clone(policies), cost: cost, tats: d.tats, clock: clock{d.at, sent, received}}, seq)
-}
-
-// recall answers a request from a remembered refusal that still holds:
-// judged again at the database's time now (from above, see clock) against
-// the TATs it returned, which can only have moved later since. Nil when
-// nothing remembered holds; gate is the key's gate while it has a refusal
-// remembered (see memo.Linger).
-func (l *Limiter) recall(key string, cost int, policies []Policy, now time.Time) (*LimitError, *sync.Mutex) {
-	e, _, ok, gate := l.memory.Recall(key, now)
-	if !ok || cost < e.cost || !slices.Equal(e.policies, policies) {
-		return nil, gate
-	}
-	d, err := l.judge(policies, cost, false, e.clock.above(now), e.tats)
-	if err != nil {
-		return nil, gate // it no longer holds
-	}
-	return d.refusal, gate
-}
-
-// borrowed counts a decision borrowing made (a permit spent from memory or
-// borrowed in a statement, a refusal, an error).
-func (l *Limiter) borrowed(ctx context.Context, key string, p *Permit, err error) (*Permit, error) {
-	var le *LimitError
-	switch {
-	case err == nil:
-		l.incident.recovered(ctx)
-		l.obs.GrantedFromMemory(ctx, scopeKey)
-		return p, nil
-	case errors.As(err, &le):
-		l.incident.recovered(ctx)
-		return l.refused(ctx, key, le)
-	}
-	if !isCanceled(ctx, err) {
-		l.incident.failed(ctx, err)
-	}
-	l.obs.Failed(ctx, scopeKey, err)
-	return nil, err
-}
-
-// errInvalidCost is matched by the error of a negative cost.
-var errInvalidCost = errors.New("ratelimit: negative cost")
-
-// refused counts and returns a refusal, or in dry run logs it and returns
-// a Permit that carries it.
-func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Permit, error) {
-	if !l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter) {
-		return nil, l.toward(ctx, key, e)
-	}
-	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, refusal: e}, nil
-}
-
-// toward counts a refusal of key by the rate (not one of a request that
-// can never pass) toward key's ban, with Options.Ban. When it bans the key
-// the request is answered as banned; a count that fails is logged and the
-// refusal stands.
-func (l *Limiter) toward(ctx context.Context, key string, e *LimitError) error {
-	if l.bans == nil || e.RetryAfter <= 0 || e.Banned {
-		return e
-	}
-	until, banned, err := l.bans.Refused(ctx, l.qualify(key))
-	if err != nil {
-		l.errLog.Log(ctx, l.log, slog.LevelWarn, "ratelimit: a refusal was not counted toward its key's ban", "limit", l.name, "err", err)
-		return e
-	}
-	if !banned {
-		return e
-	}
-	return &LimitError{Name: l.name, Banned: true, RetryAfter: max(time.Until(until), time.Microsecond), Cost: e.Cost}
-}
-
-// overridden returns policies with the limits Options.Overrides gives key
-// (policies itself when none applies), and the names of the policies
-// whose override allows nothing.
-func (l *Limiter) overridden(key string, policies []Policy) ([]Policy, []string) {
-	if l.over == nil {
-		return policies, nil
-	}
-	qualified := l.qualify(key)
-	var out []Policy
-	var nothing []string
-	for i, p := range policies {
-		n, ok := l.over.Limit(p.Name, qualified)
-		if !ok || n == int64(p.Limit) {
-			continue
-		}
-		if out == nil {
-			out = slices.Clone(policies)
-		}
-		if n == 0 {
-			nothing = append(nothing, p.Name)
-			continue
-		}
-		out[i] = p.withLimit(int(min(n, maxUnits)))
-	}
-	if out == nil {
-		return policies, nil
-	}
-	return out, nothing
-}
-
-// exceedsBurst names the policies whose Burst is below cost: a request of
-// that cost can never pass them.
-func exceedsBurst(ps []Policy, cost int) []string {
-	var names []string
-	for _, p := range ps {
-		if cost > p.burst() {
-			names = append(names, p.Name)
-		}
-	}
-	return names
-}
-
-func limitOf(ps []Policy, name string) int {
-	for _, p := range ps {
-		if p.Name == name {
-			return p.Limit
-		}
-	}
-	return 0
-}
-
-// decision is what one statement decided, seen from Go.
-type decision struct {
-	at      time.Time
-	states  []PolicyState
-	tats    []time.Time
-	refusal *LimitError
-}
-
-// decide runs the decision's statement: APIRequestWindowDecideOne for one
-// policy, and APIRequestWindowDecide for several or when the key's row
-// holds other policies too.
-func (l *Limiter) decide(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
-	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	d, err := l.decideOn(ctx, key, cost, policies)
-	// A decision stopped by the limiter's own Timeout is a database that
-	// did not answer in time (pglimit.ClassUnavailable).
-	return d, dberr.OwnTimeout(ctx, err)
-}
-
-func (l *Limiter) decideOn(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
-	onShard, err := l.citus.On(ctx, l.pool)
-	if err != nil {
-		return nil, err
-	}
-	if len(policies) == 1 && !l.generalOnly && !onShard {
-		p := policies[0]
-		row, err := l.q.APIRequestWindowDecideOne(ctx, l.pool, &db.APIRequestWindowDecideOneParams{
-			Name: l.name, Key: key, Policy: p.Name,
-			Increment: micros(p.emission() * int64(cost)), Tolerance: micros(p.emission() * int64(p.burst())),
-		})
-		switch {
-		case err == nil:
-			return l.judge(policies, cost, row.Allowed, row.DecidedAt, []time.Time{row.Tat})
-		case !errors.Is(err, pgx.ErrNoRows):
-			return nil, err
-		}
-	}
-	arg := &db.APIRequestWindowDecideParams{Name: l.name, Key: key,
-		Policies:   make([]string, len(policies)),
-		Increments: make([]pgtype.Interval, len(policies)),
-		Tolerances: make([]pgtype.Interval, len(policies)),
-	}
-	for i, p := range policies {
-		arg.Policies[i] = p.Name
-		arg.Increments[i] = micros(p.emission() * int64(cost))
-		arg.Tolerances[i] = micros(p.emission() * int64(p.burst()))
-	}
-	var row *db.APIRequestWindowDecideRow
-	if onShard {
-		r, err := l.q.APIRequestWindowDecideOnShard(ctx, l.pool, (*db.APIRequestWindowDecideOnShardParams)(arg))
-		if err != nil {
-			return nil, err
-		}
-		row = (*db.APIRequestWindowDecideRow)(r)
-	} else if row, err = l.q.APIRequestWindowDecide(ctx, l.pool, arg); err != nil {
-		return nil, err
-	}
-	tats := make([]time.Time, len(policies))
-	for i, p := range policies {
-		if j := slices.Index(row.Policies, p.Name); j >= 0 && j < len(row.Tats) {
-			tats[i] = row.Tats[j]
-		}
-	}
-	return l.judge(policies, cost, row.Allowed, row.DecidedAt, tats)
-}
-
-func micros(us int64) pgtype.Interval { return pgtype.Interval{Microseconds: us, Valid: true} }
-
-// judge derives each policy's state from the TATs the statement returned
-// (after the request when it was allowed, before it when refused; the
-// zero time for a policy the key has no state in) and the time of the
-// decision. For a refusal it names the policies without room and the
-// time until the request fits: the longest of theirs.
-func (l *Limiter) judge(policies []Policy, cost int, allowed bool, at time.Time, tats []time.Time) (*decision, error) {
-	now := at.UnixMicro()
-	// One allocation for the common case of one policy: the decision, its
-	// state, and a refusal's error and violated name.
-	var d *decision
-	if len(policies) == 1 {
-		one := &judgedOne{}
-		one.d.states = one.states[:]
-		one.d.refusal = &one.le
-		one.le.Violated = one.violated[:0]
-		d = &one.d
-	} else {
-		d = &decision{states: make([]PolicyState, len(policies)), refusal: &LimitError{}}
-	}
-	d.at, d.tats = at, tats
-	violated := d.refusal.Violated
-	var retry int64
-	for i, p := range policies {
-		var tat int64
-		if !tats[i].IsZero() {
-			tat = tats[i].UnixMicro()
-		}
-		d.states[i] = stateOf(p, now, tat)
-		if !allowed {
-			t := p.emission()
-			if over := max(now, tat) + t*int64(cost) - t*int64(p.burst()) - now; over > 0 {
-				violated = append(violated, p.Name)
-				retry = max(retry, over)
-			}
-		}
-	}
-	if allowed {
-		d.refusal = nil
-		return d, nil
-	}
-	if len(violated) == 0 {
-		return nil, fmt.Errorf("ratelimit: the database refused a request its returned state admits (policies %v at %v)", names(policies), at)
-	}
-	*d.refusal = LimitError{Name: l.name, Violated: violated, Limit: limitOf(policies, violated[0]),
-		RetryAfter: time.Duration(retry) * time.Microsecond, Cost: cost, Policies: d.states, At: at}
-	return d, nil
-}
-
-// judgedOne is a decision under one policy, allocated at once.
-type judgedOne struct {
-	d        decision
-	states   [1]PolicyState
-	le       LimitError
-	violated [1]string
-}
-
-// stateOf is policy p's state at now (µs) for a key whose TAT is tat (µs;
-// 0: none).
-func stateOf(p Policy, now, tat int64) PolicyState {
-	t := p.emission()
-	burst := int64(p.burst())
-	tol := t * burst
-	base := max(now, tat)
-	avail := max(now+tol-base, 0) // µs of burst left
-	remaining := min(avail/t, burst)
-	var reset int64
-	if base > now {
-		reset = (remaining+1)*t - avail
-	}
-	return PolicyState{Policy: p, Remaining: int(remaining), Reset: time.Duration(reset) * time.Microsecond}
-}
-
-func names(ps []Policy) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.Name
-	}
-	return out
+	return &Middleware{o: o}, nil
 }
 
 // Handler limits the rate of requests to next. A request whose key or
 // policies are none passes uncounted; an admitted one passes with the
 // RateLimit headers; a refused one gets OnError's answer (429 by
-// default). When the decision fails, FailOpen says what happens. A
-// request Options.Exempt exempts passes uncounted, without headers.
-func (l *Limiter) Handler(next http.Handler) http.Handler {
+// default). When the decision fails, the Limiter's FailOpen says what
+// happens. A request Options.Exempt exempts passes uncounted, without
+// headers.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	l := m.o.Limiter
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.exempt != nil && l.exempt(r) {
-			l.obs.Exempted(r.Context(), scopeKey)
+		if m.o.Exempt != nil && m.o.Exempt(r) {
+			l.Exempted(r.Context())
 			next.ServeHTTP(w, r)
 			return
 		}
-		key, ok := l.key(r)
+		key, ok := m.o.Key(r)
 		if !ok || key == "" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		var policies []Policy
-		if l.policyFunc != nil {
-			policies = l.policyFunc(r, key)
+		var policies []engine.Policy
+		if m.o.PolicyFunc != nil {
+			policies = m.o.PolicyFunc(r, key)
 			if len(policies) == 0 {
 				next.ServeHTTP(w, r)
 				return
 			}
 		}
 		cost := 1
-		if l.cost != nil {
-			cost = l.cost(r)
+		if m.o.Cost != nil {
+			cost = m.o.Cost(r)
 		}
 		p, err := l.AcquireN(r.Context(), key, cost, policies)
 		if err != nil {
 			switch {
-			case l.failOpen && isUnavailable(err) && !isCanceled(r.Context(), err):
+			case l.FailOpen() && isUnavailable(err) && !isCanceled(r.Context(), err):
 				next.ServeHTTP(w, r)
 				return
-			case errors.Is(err, ErrInvalidPolicy), errors.Is(err, errInvalidCost):
-				l.errLog.Log(r.Context(), l.log, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
-					"limit", l.name, "err", err)
+			case errors.Is(err, engine.ErrInvalidPolicy), errors.Is(err, engine.ErrInvalidCost):
+				m.errLog.Log(r.Context(), m.o.Logger, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
+					"limit", l.Name(), "err", err)
 			}
-			l.onError(w, r, err)
+			m.o.OnError(w, r, err)
 			return
 		}
-		p.SetHeaders(w.Header())
+		SetHeaders(w.Header(), p.Policies)
 		next.ServeHTTP(w, r)
 	})
 }

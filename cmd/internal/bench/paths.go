@@ -26,11 +26,11 @@ import (
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/quota"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // Kind says what a path is.
@@ -194,7 +194,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	// The rate limit's policies are the most a policy allows: with a key
 	// per loop, nothing is refused and what is measured is a grant.
 	if s.rate, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "bench", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Name: "bench", Logger: quiet,
 		Policies: []ratelimit.Policy{RatePolicies[0]},
 	}); err != nil {
 		return nil, err
@@ -202,7 +202,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	// Borrowing: a policy as fast as a policy goes (a million a second),
 	// a key per loop, so each loop's key is hot and never refused.
 	if s.borrow, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "bench-borrow", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet, Borrow: true,
+		Name: "bench-borrow", Logger: quiet, Borrow: true,
 		Policies: []ratelimit.Policy{{Name: "fast", Limit: 1_000_000, Window: time.Second}},
 	}); err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	// Refusals from memory: one unit an hour; a loop's key is refused
 	// from its second decision on, and remembered for the hour.
 	if s.refuse, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "bench-refuse", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Name: "bench-refuse", Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "hourly", Limit: 1, Window: time.Hour}},
 	}); err != nil {
 		return nil, err
@@ -221,7 +221,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 		return nil, err
 	}
 	if s.banned, err = ratelimit.New(pool, ratelimit.Options{
-		Name: "bench-ban", Key: func(*http.Request) (string, bool) { return "", false }, Logger: quiet,
+		Name: "bench-ban", Logger: quiet,
 		Policies: []ratelimit.Policy{{Name: "hourly", Limit: 1, Window: time.Hour}}, Ban: bans,
 	}); err != nil {
 		return nil, err

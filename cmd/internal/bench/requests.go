@@ -12,7 +12,8 @@ import (
 
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // Request is a whole HTTP request through a middleware chain.
@@ -60,13 +61,21 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	rl, err := ratelimit.New(s.Pool, ratelimit.Options{Name: "bench-http", Key: key, Logger: quiet,
+	rlEngine, err := ratelimit.New(s.Pool, ratelimit.Options{Name: "bench-http", Logger: quiet,
 		Policies: []ratelimit.Policy{RatePolicies[0]}})
 	if err != nil {
 		return nil, nil, err
 	}
-	rlb, err := ratelimit.New(s.Pool, ratelimit.Options{Name: "bench-http-borrow", Key: key, Logger: quiet, Borrow: true,
+	rl, err := mratelimit.New(mratelimit.Options{Limiter: rlEngine, Key: key, Logger: quiet})
+	if err != nil {
+		return nil, nil, err
+	}
+	rlbEngine, err := ratelimit.New(s.Pool, ratelimit.Options{Name: "bench-http-borrow", Logger: quiet, Borrow: true,
 		Policies: []ratelimit.Policy{{Name: "fast", Limit: 1_000_000, Window: time.Second}}})
+	if err != nil {
+		return nil, nil, err
+	}
+	rlb, err := mratelimit.New(mratelimit.Options{Limiter: rlbEngine, Key: key, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -77,7 +86,7 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 		{NameRequestAlone, "GET through net/http to a handler writing 3 bytes: the floor of a request", ok},
 		{NameRequestInflight, "the same request through inflight.Limiter.Handler: a slot claimed before the handler, released before the answer completes", flight.Handler(ok)},
 		{NameRequestHeavy, "the same request through heavy.Limiter.Handler: the user's and the installation's permits claimed, the time bound on the context, both released before the answer completes", hv.Handler(ok)},
-		{NameRequestAPI, "the same request through ratelimit.Limiter.Handler then inflight.Limiter.Handler, as the reference service's /api/ routes: a rate decision (with its RateLimit headers), a slot claimed and released", rl.Handler(flight.Handler(ok))},
+		{NameRequestAPI, "the same request through middleware/ratelimit's Handler then inflight.Limiter.Handler, as the reference service's /api/ routes: a rate decision (with its RateLimit headers), a slot claimed and released", rl.Handler(flight.Handler(ok))},
 		{NameRequestAPIBorrowed, "the same chain with the rate limit borrowing (Options.Borrow): the rate decision is a unit spent in memory, the slot is claimed and released as above", rlb.Handler(flight.Handler(ok))},
 		{NameRequestKept, "the in-flight cap keeping its slots for a second (inflight.Options.Keep): each loop's token is a steady client of this replica, its slot taken from memory and renewed now and then", kept.Handler(ok)},
 		{NameRequestAPIKept, "the borrowing rate limit then the in-flight cap keeping its slots: a steady client's whole request with no statement but the occasional borrow and renewal", rlb.Handler(kept.Handler(ok))},
@@ -87,7 +96,7 @@ func (s *Suite) Requests() ([]Path, func(), error) {
 		for _, srv := range servers {
 			srv.Close()
 		}
-		_ = rlb.Flush(context.Background())
+		_ = rlbEngine.Flush(context.Background())
 		_ = kept.Flush(context.Background())
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}

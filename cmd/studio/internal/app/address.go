@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/clientaddr"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/rules"
 	"github.com/pglimit/pglimit/problem"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // Proxies is -trusted-proxies: comma-separated CIDRs or addresses whose
@@ -47,18 +48,20 @@ func (a *App) setupAddress() error {
 	}
 	a.addrRate, err = ratelimit.New(a.primary, ratelimit.Options{
 		Name: "address",
-		Key:  a.clientKey,
 		Policies: []ratelimit.Policy{{Name: "address", Limit: cfg.AddressRate.Limit, Window: cfg.AddressRate.Window,
 			Burst: cfg.AddressBurst}},
-		Exempt:        rules.Allowed,
 		Ban:           a.bans,
 		QualifiedKey:  addressBanKey,
 		Overrides:     a.overrides,
-		OnError:       a.addressError,
 		Logger:        a.log,
 		MeterProvider: a.meters,
 		DryRun:        cfg.DryRun["address"],
 	})
+	if err != nil {
+		return err
+	}
+	a.addrRateHTTP, err = mratelimit.New(mratelimit.Options{Limiter: a.addrRate, Key: a.clientKey,
+		Exempt: rules.Allowed, OnError: a.addressError, Logger: a.log})
 	return err
 }
 
@@ -78,7 +81,7 @@ func (a *App) addressLimited(next http.Handler) http.Handler {
 	if a.addrRate == nil {
 		return next
 	}
-	return a.addrRate.Handler(next)
+	return a.addrRateHTTP.Handler(next)
 }
 
 // anonymous answers a request without a valid token: 401 unauthorized
@@ -100,7 +103,7 @@ func (a *App) addressError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // rateError is the OnError of a rate limit whose refusal names its scope
-// (`user` or `address`): ratelimit.WriteError's 429 too-many-requests,
+// (`user` or `address`): mratelimit.WriteError's 429 too-many-requests,
 // with the member scope. Anything else (a banned key's 429 banned
 // included) is WriteError's.
 func rateError(scope string) func(http.ResponseWriter, *http.Request, error) {
@@ -108,10 +111,10 @@ func rateError(scope string) func(http.ResponseWriter, *http.Request, error) {
 		var e *ratelimit.LimitError
 		if !errors.As(err, &e) || e.Banned {
 			// A banned key's refusal is WriteError's 429 banned.
-			ratelimit.WriteError(w, r, err)
+			mratelimit.WriteError(w, r, err)
 			return
 		}
-		(&ratelimit.Permit{Policies: e.Policies}).SetHeaders(w.Header())
+		mratelimit.SetHeaders(w.Header(), e.Policies)
 		ext := map[string]any{"limit": e.Limit, "violated-policies": e.Violated, "scope": scope}
 		d := &problem.Details{
 			Slug: "too-many-requests", Title: "Too many requests", Status: http.StatusTooManyRequests,

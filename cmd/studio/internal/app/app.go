@@ -29,7 +29,7 @@ import (
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/middleware/readroute"
 	"github.com/pglimit/pglimit/middleware/rules"
 	"github.com/pglimit/pglimit/middleware/signin"
@@ -37,6 +37,7 @@ import (
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/override"
 	"github.com/pglimit/pglimit/problem"
+	"github.com/pglimit/pglimit/ratelimit"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -52,12 +53,14 @@ type App struct {
 	signin *signin.Limiter
 	// signinAddr counts failed sign-ins per client address, around signin
 	// (nil: -sign-in-address-failures 0).
-	signinAddr *signin.Limiter
-	uploads    *upload.Limiter
-	inflight   *inflight.Limiter
-	rate       *ratelimit.Limiter // nil with -api-rate 0
-	addrs      *clientaddr.Resolver
-	addrRate   *ratelimit.Limiter // nil with -address-rate 0
+	signinAddr   *signin.Limiter
+	uploads      *upload.Limiter
+	inflight     *inflight.Limiter
+	rate         *ratelimit.Limiter // nil with -api-rate 0
+	rateHTTP     *mratelimit.Middleware
+	addrs        *clientaddr.Resolver
+	addrRate     *ratelimit.Limiter // nil with -address-rate 0
+	addrRateHTTP *mratelimit.Middleware
 	// rules are the allow and deny lists; denyByAddress guards every
 	// route but the health checks by the client address, outermost;
 	// denyByKey guards the routes with a token after the authentication.
@@ -333,18 +336,20 @@ func (a *App) setupLimits() error {
 	}
 	a.rate, err = ratelimit.New(a.primary, ratelimit.Options{
 		Name: "api",
-		Key:  rateKeyOf,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: cfg.APIRate.Limit, Window: cfg.APIRate.Window,
 			Burst: cfg.APIBurst}},
 		Borrow:        cfg.APIBorrow,
-		Exempt:        rules.Allowed,
 		Ban:           a.bans,
 		Overrides:     a.overrides,
-		OnError:       rateError("user"),
 		Logger:        a.log,
 		MeterProvider: a.meters,
 		DryRun:        cfg.DryRun["api"],
 	})
+	if err != nil {
+		return err
+	}
+	a.rateHTTP, err = mratelimit.New(mratelimit.Options{Limiter: a.rate, Key: rateKeyOf,
+		Exempt: rules.Allowed, OnError: rateError("user"), Logger: a.log})
 	return err
 }
 
@@ -355,7 +360,7 @@ func (a *App) rateLimited(next http.Handler) http.Handler {
 	if a.rate == nil {
 		return next
 	}
-	return a.rate.Handler(next)
+	return a.rateHTTP.Handler(next)
 }
 
 // installationCap is the cap over all heavy requests of all replicas:

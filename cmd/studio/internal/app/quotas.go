@@ -11,9 +11,9 @@ import (
 	"unicode/utf8"
 
 	mquota "github.com/pglimit/pglimit/middleware/quota"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/problem"
 	"github.com/pglimit/pglimit/quota"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // The quotas' policy names: in -dry-run, the metrics, the RateLimit

@@ -18,7 +18,7 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // tableWrites is the observer: the rows inserted and updated in
@@ -34,7 +34,7 @@ func tableWrites(t *testing.T, url string, pools ...*pgxpool.Pool) int64 {
 // pace runs workers on each limiter, each deciding for key then sleeping
 // between about pause and twice it, until d has passed; it returns every
 // decision.
-func pace(t *testing.T, limiters []*ratelimit.Limiter, workers int, d, pause time.Duration, key string) []record {
+func pace(t *testing.T, limiters []*limiter, workers int, d, pause time.Duration, key string) []record {
 	t.Helper()
 	var (
 		mu   sync.Mutex
@@ -76,9 +76,9 @@ func pace(t *testing.T, limiters []*ratelimit.Limiter, workers int, d, pause tim
 	return recs
 }
 
-func limitersOn(t *testing.T, pools []*pgxpool.Pool, opts ratelimit.Options) ([]*ratelimit.Limiter, []*observetest.Meter) {
+func limitersOn(t *testing.T, pools []*pgxpool.Pool, opts options) ([]*limiter, []*observetest.Meter) {
 	t.Helper()
-	ls := make([]*ratelimit.Limiter, len(pools))
+	ls := make([]*limiter, len(pools))
 	ms := make([]*observetest.Meter, len(pools))
 	for i, pool := range pools {
 		o := opts
@@ -86,7 +86,7 @@ func limitersOn(t *testing.T, pools []*pgxpool.Pool, opts ratelimit.Options) ([]
 		o.MeterProvider = ms[i]
 		o.Key = func(*http.Request) (string, bool) { return "", false }
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		l, err := ratelimit.New(pool, o)
+		l, err := build(pool, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,7 +127,7 @@ func TestRefusalsAnsweredFromMemory(t *testing.T) {
 			if listen {
 				pgtest.Listen(t, pools...)
 			}
-			ls, ms := limitersOn(t, pools, ratelimit.Options{Policies: policies})
+			ls, ms := limitersOn(t, pools, options{Policies: policies})
 			run := d
 			if !listen {
 				run = time.Second
@@ -177,7 +177,7 @@ func TestResetClearsEveryReplica(t *testing.T) {
 	url := pgtest.URL(t)
 	pools := []*pgxpool.Pool{pgtest.Pool(t, url, 2), pgtest.Pool(t, url, 2)}
 	pgtest.Listen(t, pools...)
-	ls, ms := limitersOn(t, pools, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}})
+	ls, ms := limitersOn(t, pools, options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}})
 	ctx := context.Background()
 	if _, err := ls[0].Acquire(ctx, "k"); err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestMemoryDecidesCheaperAndOtherPolicies(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
 	pgtest.Listen(t, pool)
-	ls, ms := limitersOn(t, []*pgxpool.Pool{pool}, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour, Burst: 4}}})
+	ls, ms := limitersOn(t, []*pgxpool.Pool{pool}, options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour, Burst: 4}}})
 	l, ctx := ls[0], context.Background()
 	if _, err := l.AcquireN(ctx, "k", 3, nil); err != nil {
 		t.Fatal(err)
@@ -271,7 +271,7 @@ func TestBorrowingHoldsTheModel(t *testing.T) {
 				reachedRate(t, func(d time.Duration) (bool, string) {
 					pools := threePools(t)
 					pgtest.Listen(t, pools...)
-					recs := hammerWith(t, pools, 4, d, ratelimit.Options{Policies: tc.policies, Borrow: true}, with, tc.cost)
+					recs := hammerWith(t, pools, 4, d, options{Policies: tc.policies, Borrow: true}, with, tc.cost)
 					v := judge(tc.policies, recs)
 					t.Log(v)
 					if v.worst > 1 {
@@ -294,7 +294,7 @@ func TestBorrowingCostsFewStatements(t *testing.T) {
 	url := pgtest.URL(t)
 	pools := []*pgxpool.Pool{pgtest.Pool(t, url, 4), pgtest.Pool(t, url, 4)}
 	pgtest.Listen(t, pools...)
-	ls, ms := limitersOn(t, pools, ratelimit.Options{Borrow: true,
+	ls, ms := limitersOn(t, pools, options{Borrow: true,
 		Policies: []ratelimit.Policy{{Name: "api", Limit: 1000, Window: time.Second, Burst: 3000}}})
 	recs := steady(t, ls, 300, 5*time.Second, "hot")
 	for _, l := range ls {
@@ -333,7 +333,7 @@ func TestBorrowingCostsFewStatements(t *testing.T) {
 
 // steady sends perSecond decisions of key a second on each limiter, evenly
 // spaced, for d (each limiter a ticker of its own), and returns them.
-func steady(t *testing.T, ls []*ratelimit.Limiter, perSecond int, d time.Duration, key string) []record {
+func steady(t *testing.T, ls []*limiter, perSecond int, d time.Duration, key string) []record {
 	t.Helper()
 	var (
 		mu   sync.Mutex
@@ -389,7 +389,7 @@ func TestBorrowingAboveTheLimit(t *testing.T) {
 	policies := []ratelimit.Policy{{Name: "api", Limit: 100, Window: time.Second, Burst: 100}}
 	pools := threePools(t)
 	pgtest.Listen(t, pools...)
-	ls, _ := limitersOn(t, pools, ratelimit.Options{Policies: policies, Borrow: true})
+	ls, _ := limitersOn(t, pools, options{Policies: policies, Borrow: true})
 	recs := pace(t, ls, 4, 10*time.Second, time.Millisecond, "over")
 	v := judge(policies, recs)
 	t.Log(v)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/dberr"
-	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/memo"
+	"github.com/pglimit/pglimit/internal/observe"
 )
 
 // Borrowing (Options.Borrow). A key this replica decides at least

@@ -14,7 +14,7 @@ import (
 	"github.com/pglimit/pglimit/ban"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // TestExempt: a request Options.Exempt exempts passes however often,
@@ -25,7 +25,7 @@ func TestExempt(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	meter := observetest.New()
-	l := newLimiter(t, pool, ratelimit.Options{
+	l := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		Exempt:        func(r *http.Request) bool { return r.Header.Get("X-Allowed") == "yes" },
 		MeterProvider: meter,
@@ -89,7 +89,7 @@ func TestExemptFromBans(t *testing.T) {
 		t.Fatal(err)
 	}
 	meter := observetest.New()
-	h := newLimiter(t, pool, ratelimit.Options{
+	h := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		Exempt:        func(r *http.Request) bool { return r.Header.Get("X-Allowed") == "yes" },
 		Ban:           bans,

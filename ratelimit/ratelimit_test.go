@@ -21,7 +21,8 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // tokenID stands in for the application's authentication: the bearer
@@ -38,7 +39,7 @@ func tokenID(r *http.Request) (string, bool) {
 // writes to it.
 type logBuffer = observetest.Logs
 
-func newLimiter(t testing.TB, pool *pgxpool.Pool, opts ratelimit.Options) *ratelimit.Limiter {
+func newLimiter(t testing.TB, pool *pgxpool.Pool, opts options) *limiter {
 	t.Helper()
 	if opts.Key == nil {
 		opts.Key = tokenID
@@ -46,7 +47,7 @@ func newLimiter(t testing.TB, pool *pgxpool.Pool, opts ratelimit.Options) *ratel
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	l, err := ratelimit.New(pool, opts)
+	l, err := build(pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func TestBurstThenRefusal(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
 	policies := []ratelimit.Policy{{Name: "hourly", Limit: 5, Window: time.Hour}}
-	l := newLimiter(t, pool, ratelimit.Options{Policies: policies})
+	l := newLimiter(t, pool, options{Policies: policies})
 	ctx := context.Background()
 	var recs []record
 	for i := range 5 {
@@ -186,7 +187,7 @@ func TestBurstThenRefusal(t *testing.T) {
 func TestHandlerHeaders(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{
+	h := newLimiter(t, pool, options{Policies: []ratelimit.Policy{
 		{Name: "api", Limit: 3, Window: time.Minute, Burst: 2},
 		{Name: "daily", Limit: 100, Window: 24 * time.Hour},
 	}}).Handler(ok)
@@ -242,7 +243,7 @@ func TestHandlerHeaders(t *testing.T) {
 func TestUnidentifiedPasses(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}}).Handler(ok)
+	h := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}}).Handler(ok)
 	for range 3 {
 		a := get(t, h, "")
 		if a.status != http.StatusOK || a.header.Get("RateLimit") != "" {
@@ -276,7 +277,7 @@ func TestPolicyFunc(t *testing.T) {
 		"gold": {{Name: "gold", Limit: 100, Window: time.Hour}},
 		"bad":  {{Name: "bad name", Limit: 1, Window: time.Hour}},
 	}
-	h := newLimiter(t, pool, ratelimit.Options{
+	h := newLimiter(t, pool, options{
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		PolicyFunc: func(r *http.Request, key string) []ratelimit.Policy {
 			return plans[r.Header.Get("Plan")]
@@ -309,7 +310,7 @@ func TestPolicyFunc(t *testing.T) {
 func TestCost(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	h := newLimiter(t, pool, ratelimit.Options{
+	h := newLimiter(t, pool, options{
 		Policies: []ratelimit.Policy{{Name: "units", Limit: 5, Window: time.Hour}},
 		Cost: func(r *http.Request) int {
 			n, _ := strconv.Atoi(r.Header.Get("Cost"))
@@ -377,7 +378,7 @@ func TestDryRun(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	logs := &logBuffer{}
 	policies := []ratelimit.Policy{{Name: "api", Limit: 2, Window: time.Hour}}
-	l := newLimiter(t, pool, ratelimit.Options{Policies: policies, DryRun: true,
+	l := newLimiter(t, pool, options{Policies: policies, DryRun: true,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 		Logger:        slog.New(slog.NewTextHandler(logs, nil))})
 	h := l.Handler(ok)
@@ -404,7 +405,7 @@ func TestDryRun(t *testing.T) {
 	observetest.WaitRefusals(t, pool, map[string]int64{"api dry-run": 4})
 	// Nothing was spent by the would-be refusals: the same state refuses
 	// with the same limiter out of dry run, 1 h after the second request.
-	strict := newLimiter(t, pool, ratelimit.Options{Policies: policies})
+	strict := newLimiter(t, pool, options{Policies: policies})
 	_, err = strict.Acquire(context.Background(), "id-of-t")
 	var le *ratelimit.LimitError
 	if !errors.As(err, &le) || le.RetryAfter < 29*time.Minute || le.RetryAfter > 30*time.Minute {
@@ -420,32 +421,56 @@ func TestBadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		pool *pgxpool.Pool
-		opts ratelimit.Options
+		opts options
 	}{
-		{"nil pool", nil, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{good}}},
-		{"no key", pool, ratelimit.Options{Policies: []ratelimit.Policy{good}}},
-		{"no policies", pool, ratelimit.Options{Key: tokenID}},
-		{"bad name", pool, ratelimit.Options{Name: "api rate", Key: tokenID, Policies: []ratelimit.Policy{good}}},
-		{"negative timeout", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{good}, Timeout: -1}},
-		{"empty policy name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Limit: 1, Window: time.Second}}}},
-		{"quoted policy name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: `a"b`, Limit: 1, Window: time.Second}}}},
-		{"long policy name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: strings.Repeat("a", 65), Limit: 1, Window: time.Second}}}},
-		{"two of a name", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{good, good}}},
-		{"zero limit", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Window: time.Second}}}},
-		{"limit too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1000001, Window: time.Second}}}},
-		{"no window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1}}}},
-		{"sub-second window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 500 * time.Millisecond}}}},
-		{"fractional window", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 1500 * time.Millisecond}}}},
-		{"window too long", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 400 * 24 * time.Hour}}}},
-		{"negative burst", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: -1}}}},
-		{"burst too large", pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: 1000001}}}},
+		{"nil pool", nil, options{Key: tokenID, Policies: []ratelimit.Policy{good}}},
+		{"bad name", pool, options{Name: "api rate", Key: tokenID, Policies: []ratelimit.Policy{good}}},
+		{"negative timeout", pool, options{Key: tokenID, Policies: []ratelimit.Policy{good}, Timeout: -1}},
+		{"empty policy name", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Limit: 1, Window: time.Second}}}},
+		{"quoted policy name", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: `a"b`, Limit: 1, Window: time.Second}}}},
+		{"long policy name", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: strings.Repeat("a", 65), Limit: 1, Window: time.Second}}}},
+		{"two of a name", pool, options{Key: tokenID, Policies: []ratelimit.Policy{good, good}}},
+		{"zero limit", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Window: time.Second}}}},
+		{"limit too large", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1000001, Window: time.Second}}}},
+		{"no window", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1}}}},
+		{"sub-second window", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 500 * time.Millisecond}}}},
+		{"fractional window", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 1500 * time.Millisecond}}}},
+		{"window too long", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: 400 * 24 * time.Hour}}}},
+		{"negative burst", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: -1}}}},
+		{"burst too large", pool, options{Key: tokenID, Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second, Burst: 1000001}}}},
 	} {
-		if _, err := ratelimit.New(tc.pool, tc.opts); err == nil {
+		if _, err := build(tc.pool, tc.opts); err == nil {
 			t.Errorf("%s: New accepted %+v", tc.name, tc.opts)
 		}
 	}
-	if _, err := ratelimit.New(pool, ratelimit.Options{Key: tokenID, Policies: []ratelimit.Policy{good}}); err != nil {
+	if _, err := build(pool, options{Key: tokenID, Policies: []ratelimit.Policy{good}}); err != nil {
 		t.Errorf("good options: %v", err)
+	}
+	// The middleware's own: a Limiter, a Key, and policies from the
+	// Limiter or PolicyFunc.
+	withPolicies, err := ratelimit.New(pool, ratelimit.Options{Policies: []ratelimit.Policy{good}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := ratelimit.New(pool, ratelimit.Options{})
+	if err != nil {
+		t.Fatalf("an engine without policies (each AcquireN names its own): %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts mratelimit.Options
+		ok   bool
+	}{
+		{"no limiter", mratelimit.Options{Key: tokenID}, false},
+		{"no key", mratelimit.Options{Limiter: withPolicies}, false},
+		{"no policies anywhere", mratelimit.Options{Limiter: without, Key: tokenID}, false},
+		{"policies from PolicyFunc", mratelimit.Options{Limiter: without, Key: tokenID,
+			PolicyFunc: func(*http.Request, string) []ratelimit.Policy { return nil }}, true},
+		{"policies from the Limiter", mratelimit.Options{Limiter: withPolicies, Key: tokenID}, true},
+	} {
+		if _, err := mratelimit.New(tc.opts); (err == nil) != tc.ok {
+			t.Errorf("middleware %s: New returned %v", tc.name, err)
+		}
 	}
 }
 
@@ -454,7 +479,7 @@ func TestBadOptions(t *testing.T) {
 func TestAcquireBadInput(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 1)
-	l := newLimiter(t, pool, ratelimit.Options{PolicyFunc: func(*http.Request, string) []ratelimit.Policy { return nil }})
+	l := newLimiter(t, pool, options{PolicyFunc: func(*http.Request, string) []ratelimit.Policy { return nil }})
 	ctx := context.Background()
 	good := []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Second}}
 	for _, tc := range []struct {
@@ -486,7 +511,7 @@ func TestAcquireBadInput(t *testing.T) {
 func TestKeysOfAnyText(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	l := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Hour}}})
+	l := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "a", Limit: 1, Window: time.Hour}}})
 	keys := []string{"nul\x00key", "nul\x00kez", "bad\xffutf8", strings.Repeat("k", 5000), strings.Repeat("k", 4999) + "j", "plain"}
 	for _, k := range keys {
 		if _, err := l.Acquire(context.Background(), k); err != nil {
@@ -508,7 +533,7 @@ func TestKeysOfAnyText(t *testing.T) {
 func TestPolicySetChanges(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	l := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "a", Limit: 10, Window: time.Hour}}})
+	l := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "a", Limit: 10, Window: time.Hour}}})
 	ctx := context.Background()
 	both := []ratelimit.Policy{{Name: "a", Limit: 10, Window: time.Hour}, {Name: "b", Limit: 1, Window: 1 * time.Second}}
 	if _, err := l.AcquireN(ctx, "k", 1, both); err != nil {
@@ -550,7 +575,7 @@ func TestPolicySetChanges(t *testing.T) {
 func TestGenericPlan(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 1)
-	l := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "a", Limit: 1000, Window: time.Second}}})
+	l := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "a", Limit: 1000, Window: time.Second}}})
 	ctx := context.Background()
 	two := []ratelimit.Policy{{Name: "a", Limit: 1000, Window: time.Second}, {Name: "b", Limit: 1000, Window: time.Minute}}
 	for i := range 30 {
@@ -593,7 +618,7 @@ func TestGenericPlan(t *testing.T) {
 func TestDecisionsAreHOTUpdates(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 1)
-	l := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "a", Limit: 10000, Window: time.Second}}})
+	l := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "a", Limit: 10000, Window: time.Second}}})
 	ctx := context.Background()
 	for range 200 {
 		if _, err := l.Acquire(ctx, "k"); err != nil {

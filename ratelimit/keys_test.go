@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // TestKeys: 25 keys that spent 1..25 of a burst of 30 on two replicas are
@@ -65,7 +65,7 @@ func TestKeys(t *testing.T) {
 			t.Errorf("Keys with max %d: no error", max)
 		}
 	}
-	other := newLimiter(t, pgtest.Pool(t, pgtest.URL(t), 2), ratelimit.Options{
+	other := newLimiter(t, pgtest.Pool(t, pgtest.URL(t), 2), options{
 		PolicyFunc: func(*http.Request, string) []ratelimit.Policy { return []ratelimit.Policy{policy} },
 	})
 	if _, err := other.Keys(ctx, "", 10); !errors.Is(err, ratelimit.ErrInvalidPolicy) {

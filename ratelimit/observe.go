@@ -17,10 +17,10 @@ import (
 const metricIncidents = "pglimit.ratelimit.incidents"
 
 // scopeKey is the kind of scope of every decision (attribute scope): the
-// key Options.Key returns.
+// key a request is counted against.
 const scopeKey = "key"
 
-const meterName = "github.com/pglimit/pglimit/middleware/ratelimit"
+const meterName = "github.com/pglimit/pglimit/ratelimit"
 
 func newIncidentCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
 	c, err := mp.Meter(meterName).Int64Counter(metricIncidents,

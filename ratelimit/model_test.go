@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // The model the limiter is held to, written from the rule the package

@@ -16,7 +16,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // proxy stands between the limiter's pool and PostgreSQL, so a test can
@@ -113,7 +113,7 @@ func TestFailClosed(t *testing.T) {
 	pool := pgtest.Pool(t, u, 2)
 	logs := &logBuffer{}
 	reader := sdkmetric.NewManualReader()
-	h := newLimiter(t, pool, ratelimit.Options{
+	h := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 100, Window: time.Second}},
 		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
@@ -175,7 +175,7 @@ func TestFailOpen(t *testing.T) {
 	}
 	logs := &logBuffer{}
 	reader := sdkmetric.NewManualReader()
-	h := newLimiter(t, pool, ratelimit.Options{
+	h := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		FailOpen:      true,
 		Timeout:       time.Second,
@@ -218,7 +218,7 @@ func TestClientGone(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 1)
 	logs := &logBuffer{}
-	l := newLimiter(t, pool, ratelimit.Options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
+	l := newLimiter(t, pool, options{Policies: []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // via is what the limiters decide with.
@@ -37,28 +37,28 @@ func (v via) String() string {
 func hammer(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, policies []ratelimit.Policy,
 	with via, cost func(*rand.Rand) int) []record {
 	t.Helper()
-	return hammerWith(t, pools, workers, d, ratelimit.Options{Policies: policies}, with, cost)
+	return hammerWith(t, pools, workers, d, options{Policies: policies}, with, cost)
 }
 
 // hammerWith is hammer with the limiters' options (Policies set, the rest
 // as the test wants).
-func hammerWith(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, opts ratelimit.Options,
+func hammerWith(t *testing.T, pools []*pgxpool.Pool, workers int, d time.Duration, opts options,
 	with via, cost func(*rand.Rand) int) []record {
 	t.Helper()
-	limiters := make([]*ratelimit.Limiter, len(pools))
+	limiters := make([]*limiter, len(pools))
 	for i, pool := range pools {
 		o := opts
 		o.Key = func(*http.Request) (string, bool) { return "", false }
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		l, err := ratelimit.New(pool, o)
+		l, err := build(pool, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch with {
 		case viaGeneral:
-			ratelimit.GeneralOnly(l)
+			ratelimit.GeneralOnly(l.Limiter)
 		case viaShard:
-			ratelimit.OnShard(l)
+			ratelimit.OnShard(l.Limiter)
 		}
 		limiters[i] = l
 	}

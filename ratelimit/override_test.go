@@ -17,18 +17,18 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/override"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // overriddenReplicas are n replicas (a pool, its bus, its override.Store
 // and a limiter of policy "api" reading it, borrowing when borrow) on one
 // database, keyed by X-User, their overrides looked up as "user:" + key.
-func overriddenReplicas(t *testing.T, n int, policy ratelimit.Policy, borrow bool) ([]*ratelimit.Limiter, []*override.Store) {
+func overriddenReplicas(t *testing.T, n int, policy ratelimit.Policy, borrow bool) ([]*limiter, []*override.Store) {
 	t.Helper()
 	url := pgtest.URL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var limiters []*ratelimit.Limiter
+	var limiters []*limiter
 	var stores []*override.Store
 	var pools []*pgxpool.Pool
 	for range n {
@@ -40,7 +40,7 @@ func overriddenReplicas(t *testing.T, n int, policy ratelimit.Policy, borrow boo
 		}
 		t.Cleanup(s.Close)
 		stores = append(stores, s)
-		limiters = append(limiters, newLimiter(t, pool, ratelimit.Options{
+		limiters = append(limiters, newLimiter(t, pool, options{
 			Key:          func(r *http.Request) (string, bool) { u := r.Header.Get("X-User"); return u, u != "" },
 			Policies:     []ratelimit.Policy{policy},
 			Overrides:    s,
@@ -55,7 +55,7 @@ func overriddenReplicas(t *testing.T, n int, policy ratelimit.Policy, borrow boo
 
 // admitted counts how many of n requests of user, sent by workers
 // goroutines over every limiter in turn, are admitted.
-func admitted(t *testing.T, ls []*ratelimit.Limiter, user string, n, workers int) int {
+func admitted(t *testing.T, ls []*limiter, user string, n, workers int) int {
 	t.Helper()
 	var got, next atomic.Int64
 	var failed atomic.Value

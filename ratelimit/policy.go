@@ -21,8 +21,8 @@ const maxUnits = 1_000_000
 const maxNameLen = 64
 
 // Policy is one rate a key is held to: Limit units per Window, with bursts
-// of up to Burst units. A request costs one unit unless Options.Cost says
-// otherwise.
+// of up to Burst units. A request costs one unit unless AcquireN (or
+// middleware/ratelimit's Options.Cost) says otherwise.
 //
 // The rule is GCRA's: in any interval of length L at most
 // Burst + Limit × L / Window units are admitted, and a key that was quiet
@@ -70,7 +70,7 @@ func (p Policy) emission() int64 {
 
 // ErrInvalidPolicy is matched (errors.Is) by every error of a policy that
 // cannot be used: from New for Options.Policies, and from a decision for
-// what Options.PolicyFunc returned.
+// the policies AcquireN was given (middleware/ratelimit's PolicyFunc).
 var ErrInvalidPolicy = errors.New("ratelimit: invalid policy")
 
 func policyError(format string, args ...any) error {

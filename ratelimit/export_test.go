@@ -9,11 +9,5 @@ func GeneralOnly(l *Limiter) { l.generalOnly = true }
 // on one server, so tests hold them to the same model.
 func OnShard(l *Limiter) { l.citus.Set(true) }
 
-// ErrInvalidCost is matched by the error of a negative cost.
-var ErrInvalidCost = errInvalidCost
-
 // MaxPolicies bounds the policies of one request.
 const MaxPolicies = maxPolicies
-
-// Name is the limit's name.
-func (l *Limiter) Name() string { return l.name }

@@ -21,7 +21,7 @@ import (
 	"github.com/pglimit/pglimit/ban"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
-	"github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // statements counts the statements a pool sends on pglimit's limit tables.
@@ -41,7 +41,7 @@ func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // in X-User, rate-limited with bans.
 type bannedReplica struct {
 	h     http.Handler
-	l     *ratelimit.Limiter
+	l     *limiter
 	stmts *statements
 	meter *observetest.Meter
 }
@@ -69,7 +69,7 @@ func bannedReplicas(t *testing.T, n int, rule ban.Rule, policy ratelimit.Policy)
 			t.Fatal(err)
 		}
 		m := observetest.New()
-		l, err := ratelimit.New(pool, ratelimit.Options{
+		l, err := build(pool, options{
 			Key: func(r *http.Request) (string, bool) {
 				u := r.Header.Get("X-User")
 				return "user:" + u, u != ""

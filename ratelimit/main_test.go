@@ -1,0 +1,9 @@
+package ratelimit_test
+
+import (
+	"testing"
+
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
