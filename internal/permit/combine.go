@@ -911,7 +911,7 @@ func stored(c *Claim) *Claim {
 	out := *c
 	out.Scopes = make([]Scope, len(c.Scopes))
 	for i, s := range c.Scopes {
-		out.Scopes[i] = Scope{Key: keys.Stored(s.Key), Cap: s.Cap}
+		out.Scopes[i] = Scope{Key: keys.Stored(s.Key), Cap: s.Cap, Kind: s.Kind}
 	}
 	out.Holder, out.Endpoint = storable(c.Holder), storable(c.Endpoint)
 	return &out

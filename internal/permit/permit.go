@@ -129,6 +129,10 @@ type Scope struct {
 	Key string
 	// Cap is the number of slots of the scope, 1..maxCap.
 	Cap int
+	// Kind is the kind of scope a refusal by it is counted in (the
+	// attribute scope of pglimit.decisions: user, installation, token);
+	// the permits themselves ignore it.
+	Kind string
 }
 
 // Claim describes what a caller asks for.

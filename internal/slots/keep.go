@@ -573,7 +573,7 @@ func (k *keeper) flush(ctx context.Context) error {
 }
 
 // claimKept is Claim for a Limiter that keeps its slots (one scope).
-func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, kindOf func(*Refused) string, args ...any) (Held, *Refused, bool, error) {
+func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, args ...any) (Held, *Refused, bool, error) {
 	k := l.keeper
 	scope := keys.Stored(c.Scopes[0].Key)
 	h, ok, stale := k.take(scope, time.Now())
@@ -606,7 +606,7 @@ func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, kin
 			l.obs.Failed(ctx, l.scope, err)
 			return Held{}, nil, false, err
 		}
-		return Held{}, refused, l.obs.Refused(ctx, kindOf(refused), key, args...), nil
+		return Held{}, refused, l.obs.Refused(ctx, refused.Scope.Kind, key, args...), nil
 	}
 	l.obs.Granted(ctx, l.scope)
 	return k.hold(lease, scope, c.Lease, floor, until), nil, false, nil

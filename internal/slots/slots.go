@@ -115,15 +115,15 @@ func CheckDuration(pkg, field string, d time.Duration) error {
 type Refused = permit.RefusedError
 
 // Claim claims c for key and counts the decision. On a refusal it returns
-// the Leaser's refusal and whether to let the request through anyway (dry
-// run: kindOf names the kind of scope it is counted in, args are logged);
-// any other error is the database's or ctx's.
-func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, kindOf func(*Refused) string, args ...any) (held Held, refused *Refused, letThrough bool, err error) {
+// the Leaser's refusal, whose Scope names the full scope (counted under
+// its Kind), and whether to let the request through anyway (dry run; args
+// are logged); any other error is the database's or ctx's.
+func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, args ...any) (held Held, refused *Refused, letThrough bool, err error) {
 	if key == "" {
 		return Held{}, nil, false, fmt.Errorf("%s: empty key", l.Pkg)
 	}
 	if l.keeper != nil && len(c.Scopes) == 1 {
-		return l.claimKept(ctx, key, c, kindOf, args...)
+		return l.claimKept(ctx, key, c, args...)
 	}
 	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, c)
@@ -133,7 +133,7 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, kindOf 
 			l.obs.Failed(ctx, l.scope, err)
 			return Held{}, nil, false, err
 		}
-		return Held{}, refused, l.obs.Refused(ctx, kindOf(refused), key, args...), nil
+		return Held{}, refused, l.obs.Refused(ctx, refused.Scope.Kind, key, args...), nil
 	}
 	l.obs.Granted(ctx, l.scope)
 	return Held{lease: lease}, nil, false, nil

@@ -273,23 +273,18 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 // the work ends, and bound the work with the permit's Bounds.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	name := l.core.Name
-	scopeOf := func(r *slots.Refused) Scope {
-		if r.Scope.Key == installationScope {
-			return ScopeInstallation
-		}
-		return ScopeUser
-	}
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
-		Scopes: []permit.Scope{{Key: keyScope(name, key), Cap: l.limit}, {Key: installationScope, Cap: l.instCap}},
+		Scopes: []permit.Scope{{Key: keyScope(name, key), Cap: l.limit, Kind: string(ScopeUser)},
+			{Key: installationScope, Cap: l.instCap, Kind: string(ScopeInstallation)}},
 		Holder: key, Endpoint: name, Lease: l.time + grace,
-	}, func(r *slots.Refused) string { return string(scopeOf(r)) })
+	})
 	switch {
 	case err != nil:
 		return nil, err
 	case refused == nil:
 		return &Permit{held: held, bounds: l.bounds()}, nil
 	}
-	le := &LimitError{Name: name, Limit: refused.Scope.Cap, Scope: scopeOf(refused), RetryAfter: slots.RetryAfter(refused, grace)}
+	le := &LimitError{Name: name, Limit: refused.Scope.Cap, Scope: Scope(refused.Scope.Kind), RetryAfter: slots.RetryAfter(refused, grace)}
 	if !letThrough {
 		return nil, le
 	}

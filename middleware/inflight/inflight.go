@@ -309,9 +309,9 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 
 func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
-		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit}},
+		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeToken}},
 		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
-	}, func(*slots.Refused) string { return scopeToken }, "cap", l.limit, "endpoint", endpoint)
+	}, "cap", l.limit, "endpoint", endpoint)
 	switch {
 	case err != nil:
 		return nil, err

@@ -221,9 +221,9 @@ func (p *Permit) Release(ctx context.Context) error {
 // (pglimit.Classify) or ctx's. Release the permit if the upload fails.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
-		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit}},
+		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeUser}},
 		Holder: key, Endpoint: l.core.Name, Lease: l.window,
-	}, func(*slots.Refused) string { return scopeUser }, "cap", l.limit)
+	}, "cap", l.limit)
 	switch {
 	case err != nil:
 		return nil, err
