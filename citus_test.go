@@ -20,8 +20,8 @@ import (
 	"github.com/pglimit/pglimit/housekeeping"
 	"github.com/pglimit/pglimit/internal/harness/citustest"
 	"github.com/pglimit/pglimit/internal/permit"
-	"github.com/pglimit/pglimit/ratelimit"
 	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/ratelimit"
 )
 
 // statementLog records every statement a pool runs, with its arguments.
