@@ -328,7 +328,8 @@ func (l *Limiter) charge(ctx context.Context, dbtx db.DBTX, tx pgx.Tx, key strin
 	limit := l.limitOf(key)
 	if cost > limit {
 		e := &LimitError{Name: l.name, Key: key, Limit: limit, Cost: cost}
-		if l.obs.Refused(ctx, "key", key) {
+		l.obs.Refused(ctx, "key", key)
+		if l.obs.DryRun() {
 			return &Permit{l: l, tx: tx, Refusal: e, settled: true, State: State{Key: key, Limit: limit}}, nil
 		}
 		return nil, e
@@ -361,7 +362,8 @@ func (l *Limiter) charge(ctx context.Context, dbtx db.DBTX, tx pgx.Tx, key strin
 		return &Permit{State: st, Cost: cost, l: l, tx: tx}, nil
 	}
 	e := &LimitError{Name: l.name, Key: key, Limit: limit, Cost: cost, State: st, RetryAfter: max(row.PeriodEnd.Sub(row.DecidedAt), 0)}
-	if l.obs.Refused(ctx, "key", key) {
+	l.obs.Refused(ctx, "key", key)
+	if l.obs.DryRun() {
 		return &Permit{State: st, Refusal: e, l: l, tx: tx, settled: true}, nil
 	}
 	return nil, e

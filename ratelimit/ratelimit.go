@@ -620,7 +620,8 @@ var ErrInvalidCost = errors.New("ratelimit: negative cost")
 // refused counts and returns a refusal, or in dry run logs it and returns
 // a Permit that carries it.
 func (l *Limiter) refused(ctx context.Context, key string, e *LimitError) (*Permit, error) {
-	if !l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter) {
+	l.obs.Refused(ctx, scopeKey, key, "violated", e.Violated, "cost", e.Cost, "retry_after", e.RetryAfter)
+	if !l.obs.DryRun() {
 		return nil, l.toward(ctx, key, e)
 	}
 	return &Permit{Name: l.name, Policies: e.Policies, At: e.At, refusal: e}, nil

@@ -258,20 +258,20 @@ func (l *Limit) Failed(ctx context.Context, scope string, err error) {
 // Refused counts a refusal in scope (outcome refused, or dry-run-refused
 // in dry run) and adds it to the installation's refusals of this minute.
 // In dry run it also logs what it would have refused — at most a line a
-// second, with how many it left out — and returns true: let the request
-// through. key is logged, never counted; args are added to the line.
-func (l *Limit) Refused(ctx context.Context, scope, key string, args ...any) (letThrough bool) {
+// second, with how many it left out; whether the request then goes on is
+// the limit's to decide (DryRun), not the metrics'. key is logged, never
+// counted; args are added to the line.
+func (l *Limit) Refused(ctx context.Context, scope, key string, args ...any) {
 	if l.refusals != nil {
 		l.refusals.add()
 	}
 	if !l.dryRun {
 		l.count(ctx, Refused, scope)
-		return false
+		return
 	}
 	l.count(ctx, DryRunRefused, scope)
 	l.dryLog.Log(ctx, l.log, slog.LevelInfo, "pglimit: dry run: would refuse",
 		append([]any{"limit", l.name, "scope", scope, "key", key}, args...)...)
-	return true
 }
 
 // Sampled writes at most one line a second, and says how many it left out

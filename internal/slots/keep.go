@@ -606,7 +606,8 @@ func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, arg
 			l.obs.Failed(ctx, l.scope, err)
 			return Held{}, nil, false, err
 		}
-		return Held{}, refused, l.obs.Refused(ctx, refused.Scope.Kind, key, args...), nil
+		l.obs.Refused(ctx, refused.Scope.Kind, key, args...)
+		return Held{}, refused, l.obs.DryRun(), nil
 	}
 	l.obs.Granted(ctx, l.scope)
 	return k.hold(lease, scope, c.Lease, floor, until), nil, false, nil

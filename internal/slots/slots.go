@@ -133,7 +133,8 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, args ..
 			l.obs.Failed(ctx, l.scope, err)
 			return Held{}, nil, false, err
 		}
-		return Held{}, refused, l.obs.Refused(ctx, refused.Scope.Kind, key, args...), nil
+		l.obs.Refused(ctx, refused.Scope.Kind, key, args...)
+		return Held{}, refused, l.obs.DryRun(), nil
 	}
 	l.obs.Granted(ctx, l.scope)
 	return Held{lease: lease}, nil, false, nil

@@ -158,7 +158,8 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Attempt, error) {
 			// (retry_ms is rounded up: less a millisecond).
 			l.memory.Remember(key, start.Add(r.window-time.Millisecond), int32(r.Failures), seq)
 		}
-		if !l.obs.Refused(ctx, l.c.Kind, key, "failures", r.Failures) {
+		l.obs.Refused(ctx, l.c.Kind, key, "failures", r.Failures)
+		if !dryRun {
 			return nil, err
 		}
 		// Dry run: the attempt goes on unreserved; a failure is recorded

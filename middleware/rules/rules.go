@@ -133,7 +133,8 @@ func (g *Guard) Handler(next http.Handler) http.Handler {
 			if len(keys) > 0 && g.rules.Match(addr) != access.Deny {
 				scope = scopeKey
 			}
-			if !g.obs.Refused(r.Context(), scope, addr.String()) {
+			g.obs.Refused(r.Context(), scope, addr.String())
+			if !g.obs.DryRun() {
 				g.onDeny(w, r)
 				return
 			}
