@@ -94,22 +94,6 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	return l, nil
 }
 
-// CheckCap reports a cap outside 1..pglimit.MaxLimit, naming the field.
-func CheckCap(pkg, field string, n int) error {
-	if n < 1 || n > vocab.MaxLimit {
-		return fmt.Errorf("%s: %s %d outside 1..pglimit.MaxLimit (%d)", pkg, field, n, vocab.MaxLimit)
-	}
-	return nil
-}
-
-// CheckDuration reports a duration below a millisecond, naming the field.
-func CheckDuration(pkg, field string, d time.Duration) error {
-	if d < time.Millisecond {
-		return fmt.Errorf("%s: %s %v below a millisecond", pkg, field, d)
-	}
-	return nil
-}
-
 // Refused is a claim the scopes had no room for: the package makes its
 // LimitError of it.
 type Refused = permit.RefusedError

@@ -9,7 +9,9 @@ package vocab
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/pglimit/pglimit/internal/dberr"
 )
@@ -19,6 +21,25 @@ import (
 // flight, uploads per window, failed sign-ins per window, a permit scope's
 // slots). Every package refuses a larger one in New.
 const MaxLimit = 10000
+
+// CheckCap reports a cap outside 1..pglimit.MaxLimit, naming the package
+// and the Options field: every limiter checks its caps with it, so the
+// messages are the same everywhere.
+func CheckCap(pkg, field string, n int) error {
+	if n < 1 || n > MaxLimit {
+		return fmt.Errorf("%s: %s %d outside 1..pglimit.MaxLimit (%d)", pkg, field, n, MaxLimit)
+	}
+	return nil
+}
+
+// CheckDuration reports a duration below a millisecond, naming the
+// package and the Options field.
+func CheckDuration(pkg, field string, d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("%s: %s %v below a millisecond", pkg, field, d)
+	}
+	return nil
+}
 
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
 // *heavy.LimitError, *inflight.LimitError, *upload.LimitError,

@@ -183,8 +183,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Time == 0 {
 		opts.Time = 30 * time.Second
 	}
-	if err := errors.Join(slots.CheckCap(pkg, "Limit", opts.Limit), slots.CheckCap(pkg, "InstallationLimit", opts.InstallationLimit),
-		slots.CheckDuration(pkg, "Time", opts.Time)); err != nil {
+	if err := errors.Join(vocab.CheckCap(pkg, "Limit", opts.Limit), vocab.CheckCap(pkg, "InstallationLimit", opts.InstallationLimit),
+		vocab.CheckDuration(pkg, "Time", opts.Time)); err != nil {
 		return nil, err
 	}
 	if opts.Rows < 0 {

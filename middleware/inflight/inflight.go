@@ -214,8 +214,8 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	if err := errors.Join(slots.CheckCap("inflight", "Limit", opts.Limit),
-		slots.CheckDuration("inflight", "MaxDuration", opts.MaxDuration)); err != nil {
+	if err := errors.Join(vocab.CheckCap("inflight", "Limit", opts.Limit),
+		vocab.CheckDuration("inflight", "MaxDuration", opts.MaxDuration)); err != nil {
 		return nil, err
 	}
 	core, err := slots.New(pool, slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,

@@ -331,14 +331,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Limit == 0 {
 		opts.Limit = defaultLimit
 	}
-	if opts.Limit < 1 || opts.Limit > vocab.MaxLimit {
-		return nil, fmt.Errorf("signin: Limit %d outside 1..pglimit.MaxLimit (%d)", opts.Limit, vocab.MaxLimit)
-	}
 	if opts.Window == 0 {
 		opts.Window = defaultWindow
 	}
-	if opts.Window < time.Millisecond {
-		return nil, fmt.Errorf("signin: Window %v below a millisecond", opts.Window)
+	if err := errors.Join(vocab.CheckCap("signin", "Limit", opts.Limit), vocab.CheckDuration("signin", "Window", opts.Window)); err != nil {
+		return nil, err
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = defaultMaxBodyBytes

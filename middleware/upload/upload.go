@@ -148,8 +148,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.Window == 0 {
 		opts.Window = time.Hour
 	}
-	if err := errors.Join(slots.CheckCap("upload", "Limit", opts.Limit),
-		slots.CheckDuration("upload", "Window", opts.Window)); err != nil {
+	if err := errors.Join(vocab.CheckCap("upload", "Limit", opts.Limit),
+		vocab.CheckDuration("upload", "Window", opts.Window)); err != nil {
 		return nil, err
 	}
 	if opts.Counts == nil {
