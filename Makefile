@@ -29,8 +29,11 @@ test: ## install what the tests need when missing (see deps), run every test aga
 	$(MAKE) --no-print-directory fuzz FUZZTIME=15000x
 
 # Packages whose tests use a database (they import the test kit, pgtest,
-# or the harness under it, internal/harness/pgtest).
-DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /\/pgtest$$/ && / github.com\/pglimit\/pglimit\/(internal\/harness\/)?pgtest( |$$)/ {print $$1}')
+# or the harness under it, internal/harness/pgtest); the kit's own tests
+# among them, as an adopter's tests run it on their server. (The harness's
+# own package is left out: its tests start throwaway clusters of their
+# own.)
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' $(PKGS) | awk '$$1 !~ /internal\/harness\/pgtest$$/ && / github.com\/pglimit\/pglimit\/(internal\/harness\/)?pgtest( |$$)/ {print $$1}')
 
 # installdeps (cmd/installdeps) installs, as root with apt-get, what
 # is missing of the PostgreSQL server binaries, chromium and pgbouncer, or
