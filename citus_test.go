@@ -213,7 +213,7 @@ func TestOnCitus(t *testing.T) {
 	// Citus on a fresh session.
 	router := []string{"LoginAttemptGet", "LoginAttemptReserve", "LoginAttemptRecordFailure", "LoginAttemptClear",
 		"APIRequestWindowReset", "APIRequestWindowDecideOnShard", "APIRequestWindowBorrowOnShard",
-		"APIRequestWindowGiveBack", "SlotClaimOnShard", "SlotReleaseOne"}
+		"APIRequestWindowGiveBack", "APIRequestWindowSettle", "SlotClaimOnShard", "SlotReleaseOne"}
 	calls := log.byName()
 	// Every other named statement the pool ran is one of these, which are
 	// not a decision of a key: each is on the coordinator's own tables or
@@ -324,6 +324,33 @@ func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *
 	}
 	if admitted != 2 || !strings.Contains(refusedBy, "minute") {
 		t.Fatalf("two policies: %d admitted (want 2), refused by %q (want the minute policy)", admitted, refusedBy)
+	}
+
+	// Charged after the fact: a further charge and a refund, each one
+	// statement on the key's shard.
+	settled, err := ratelimit.New(pool, ratelimit.Options{Name: "settled", Logger: quiet,
+		Policies: []ratelimit.Policy{{Name: "hour", Limit: 10, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key                     string
+		estimate, actual, after int
+	}{{"token:more", 2, 5, 5}, {"token:less", 4, 1, 9}} {
+		p, err := settled.AcquireN(ctx, tc.key, tc.estimate, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Settle(ctx, tc.actual); err != nil {
+			t.Fatalf("settle on Citus: %v", err)
+		}
+		state, err := settled.AcquireN(ctx, tc.key, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := state.Policies[0].Remaining; got != tc.after {
+			t.Errorf("settle of %d at an estimate of %d on Citus: %d remaining, want %d", tc.actual, tc.estimate, got, tc.after)
+		}
 	}
 
 	// Borrowing: a hot key takes batches on its shard and spends them in

@@ -577,3 +577,65 @@ func (q *Queries) APIRequestWindowReset(ctx context.Context, db DBTX, arg *APIRe
 	_, err := db.Exec(ctx, aPIRequestWindowReset, arg.Name, arg.Key)
 	return err
 }
+
+const aPIRequestWindowSettle = `-- name: APIRequestWindowSettle :one
+UPDATE pglimit.api_request_window AS w
+SET tats = ARRAY(
+        SELECT CASE WHEN j IS NULL THEN w.tats[o]
+                    WHEN ($1::interval[])[j] > interval '0'
+                        THEN greatest(w.tats[o], statement_timestamp()) + ($1::interval[])[j]
+                    ELSE greatest(w.tats[o] + ($1::interval[])[j], statement_timestamp())
+               END
+        FROM generate_subscripts(w.policies, 1) AS o
+        CROSS JOIN LATERAL (SELECT array_position($2::text[], w.policies[o]) AS j) AS p
+        ORDER BY o),
+    expires_at = greatest(w.expires_at, (
+        SELECT max(greatest(w.tats[o], statement_timestamp()) + ($1::interval[])[array_position($2::text[], w.policies[o])])
+        FROM generate_subscripts(w.policies, 1) AS o)),
+    decided_at = statement_timestamp()
+WHERE w.name = $3::text AND w.key = $4::text
+  AND (($1::interval[])[1] > interval '0'
+       OR ARRAY(SELECT w.tats[array_position(w.policies, q)] FROM unnest($2::text[]) WITH ORDINALITY AS u(q, i) ORDER BY i)
+          = $5::timestamptz[])
+RETURNING w.policies, w.tats, w.decided_at
+`
+
+type APIRequestWindowSettleParams struct {
+	Deltas   []pgtype.Interval
+	Policies []string
+	Name     string
+	Key      string
+	Tats     []time.Time
+}
+
+type APIRequestWindowSettleRow struct {
+	Policies  []string
+	Tats      []time.Time
+	DecidedAt time.Time
+}
+
+// Settles a request admitted earlier at an estimated cost, now that its
+// actual cost is known (ratelimit.Permit.Settle): @deltas holds, per
+// policy of @policies, (actual - estimate) x T. A further charge (the
+// deltas positive) is made whatever the room: the work is done; each TAT
+// moves from the later of itself and now, as a decision's does. A refund
+// (negative) is made only while the key's TATs are still those the
+// admission left (@tats, in @policies' order): once another decision spent
+// after it, the refunded units are in the middle and lapse by themselves,
+// as a borrowed batch's do (APIRequestWindowGiveBack); nor does a refund
+// move a TAT before now (a full bucket holds no more). A TAT of a policy
+// not in @policies is kept. It returns the key's policies and TATs after
+// it and the time; no row when nothing was settled (a refund too late, or
+// a row that lapsed).
+func (q *Queries) APIRequestWindowSettle(ctx context.Context, db DBTX, arg *APIRequestWindowSettleParams) (*APIRequestWindowSettleRow, error) {
+	row := db.QueryRow(ctx, aPIRequestWindowSettle,
+		arg.Deltas,
+		arg.Policies,
+		arg.Name,
+		arg.Key,
+		arg.Tats,
+	)
+	var i APIRequestWindowSettleRow
+	err := row.Scan(&i.Policies, &i.Tats, &i.DecidedAt)
+	return &i, err
+}

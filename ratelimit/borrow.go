@@ -217,7 +217,7 @@ func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy,
 				left := b.left(b.clock.above(now).UnixMicro())
 				hk.mu.Unlock()
 				bw.spent.Add(ctx, int64(cost), bw.attrs)
-				return bw.permit(cost, b.clock.below(now), b, left), nil, true
+				return bw.permit(key, cost, b.clock.below(now), b, left), nil, true
 			}
 			// Spent, or lapsed: what is left (fewer units than cost, or
 			// none) lapses by itself.
@@ -252,17 +252,20 @@ func (bw *borrower) acquire(ctx context.Context, key string, cost int, p Policy,
 // from below), with left units of the batch still spendable: the key's
 // state as this replica sees it is the TAT the borrow left, less the units
 // of the batch it may still spend. One allocation.
-func (bw *borrower) permit(cost int, at time.Time, b *batch, left int64) *Permit {
+func (bw *borrower) permit(key string, cost int, at time.Time, b *batch, left int64) *Permit {
 	one := &permitOne{}
 	one.states[0] = stateOf(b.policy, at.UnixMicro(), b.end-left*b.t)
-	one.Permit = Permit{Name: bw.l.name, Cost: cost, Policies: one.states[:], At: at}
+	one.policies[0] = b.policy
+	one.Permit = Permit{Name: bw.l.name, Cost: cost, Policies: one.states[:], At: at,
+		l: bw.l, key: key, policies: one.policies[:], borrowed: true}
 	return &one.Permit
 }
 
 // permitOne is a Permit under one policy, allocated at once.
 type permitOne struct {
 	Permit
-	states [1]PolicyState
+	states   [1]PolicyState
+	policies [1]Policy
 }
 
 // borrow runs APIRequestWindowBorrow for a request of cost and keeps the
@@ -324,7 +327,7 @@ func (bw *borrower) borrow(ctx context.Context, hk *hotKey, key string, cost int
 			bw.stranded.Add(ctx, int64(old.units-old.spent), bw.attrs)
 		}
 	}
-	return bw.permit(cost, row.DecidedAt, b, left), nil, true
+	return bw.permit(key, cost, row.DecidedAt, b, left), nil, true
 }
 
 // quiet gives b back when it has not been used for quietAfter, or looks

@@ -54,3 +54,36 @@ func ExampleLimiter_AcquireN() {
 	// cost 5 granted, 3 left today
 	// cost 4 refused by [per-minute per-day]
 }
+
+// A request whose cost is known only after it runs — here the rows an
+// export wrote — reserves an estimate and settles the actual cost.
+func ExamplePermit_Settle() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pglimit.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+
+	exports, err := ratelimit.New(pool, ratelimit.Options{
+		Name:     "export-rows",
+		Policies: []ratelimit.Policy{{Name: "rows-per-hour", Limit: 100, Window: time.Hour}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := exports.AcquireN(ctx, "tenant-7", 10, nil) // estimate: 10 (thousand rows)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rows := 25 // what the export wrote, known now
+	if err := p.Settle(ctx, rows); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("charged %d, %d left this hour\n", p.Cost, p.Policies[0].Remaining)
+	// Output:
+	// charged 25, 75 left this hour
+}

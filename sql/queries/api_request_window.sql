@@ -193,6 +193,40 @@ SET tats = ARRAY[greatest(@kept::timestamptz, statement_timestamp())],
 WHERE name = @name::text AND key = @key::text AND policies = ARRAY[@policy::text]
   AND tats[1] = @tat::timestamptz;
 
+-- name: APIRequestWindowSettle :one
+-- Settles a request admitted earlier at an estimated cost, now that its
+-- actual cost is known (ratelimit.Permit.Settle): @deltas holds, per
+-- policy of @policies, (actual - estimate) x T. A further charge (the
+-- deltas positive) is made whatever the room: the work is done; each TAT
+-- moves from the later of itself and now, as a decision's does. A refund
+-- (negative) is made only while the key's TATs are still those the
+-- admission left (@tats, in @policies' order): once another decision spent
+-- after it, the refunded units are in the middle and lapse by themselves,
+-- as a borrowed batch's do (APIRequestWindowGiveBack); nor does a refund
+-- move a TAT before now (a full bucket holds no more). A TAT of a policy
+-- not in @policies is kept. It returns the key's policies and TATs after
+-- it and the time; no row when nothing was settled (a refund too late, or
+-- a row that lapsed).
+UPDATE pglimit.api_request_window AS w
+SET tats = ARRAY(
+        SELECT CASE WHEN j IS NULL THEN w.tats[o]
+                    WHEN (@deltas::interval[])[j] > interval '0'
+                        THEN greatest(w.tats[o], statement_timestamp()) + (@deltas::interval[])[j]
+                    ELSE greatest(w.tats[o] + (@deltas::interval[])[j], statement_timestamp())
+               END
+        FROM generate_subscripts(w.policies, 1) AS o
+        CROSS JOIN LATERAL (SELECT array_position(@policies::text[], w.policies[o]) AS j) AS p
+        ORDER BY o),
+    expires_at = greatest(w.expires_at, (
+        SELECT max(greatest(w.tats[o], statement_timestamp()) + (@deltas::interval[])[array_position(@policies::text[], w.policies[o])])
+        FROM generate_subscripts(w.policies, 1) AS o)),
+    decided_at = statement_timestamp()
+WHERE w.name = @name::text AND w.key = @key::text
+  AND ((@deltas::interval[])[1] > interval '0'
+       OR ARRAY(SELECT w.tats[array_position(w.policies, q)] FROM unnest(@policies::text[]) WITH ORDINALITY AS u(q, i) ORDER BY i)
+          = @tats::timestamptz[])
+RETURNING w.policies, w.tats, w.decided_at;
+
 -- name: APIRequestWindowReset :exec
 -- An operator clears a key's state (ratelimit.Limiter.Reset); every
 -- replica is then told to forget what it remembers of the key (BusNotify,
