@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -29,7 +30,11 @@ func Example() {
 	}
 	defer replica.Close()
 
-	router, err := readroute.New(primary, replica, readroute.Options{})
+	// Timeout bounds each health check, connecting included: the default,
+	// 500 ms, suits a replica on the same network; a loaded machine (this
+	// example runs beside the whole test suite) needs more, or a check
+	// may fail and send the read to the primary.
+	router, err := readroute.New(primary, replica, readroute.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
