@@ -459,21 +459,21 @@ func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]State, err
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var out []State
+	var rows []*db.QuotaUsageKeysRow
+	var err error
 	if l.durable {
-		rows, err := l.q.QuotaLedgerKeys(ctx, l.pool, &db.QuotaLedgerKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
-		if err != nil {
-			return nil, fmt.Errorf("quota %s: keys: %w", l.name, dberr.OwnTimeout(ctx, err))
+		var ledger []*db.QuotaLedgerKeysRow
+		ledger, err = l.q.QuotaLedgerKeys(ctx, l.pool, &db.QuotaLedgerKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
+		for _, r := range ledger {
+			rows = append(rows, (*db.QuotaUsageKeysRow)(r))
 		}
-		for _, r := range rows {
-			out = append(out, l.state(r.Key, r.Used, r.PeriodStart, r.PeriodEnd, time.Time{}))
-		}
-		return out, nil
+	} else {
+		rows, err = l.q.QuotaUsageKeys(ctx, l.pool, &db.QuotaUsageKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
 	}
-	rows, err := l.q.QuotaUsageKeys(ctx, l.pool, &db.QuotaUsageKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
 	if err != nil {
 		return nil, fmt.Errorf("quota %s: keys: %w", l.name, dberr.OwnTimeout(ctx, err))
 	}
+	out := make([]State, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, l.state(r.Key, r.Used, r.PeriodStart, r.PeriodEnd, time.Time{}))
 	}

@@ -602,12 +602,7 @@ func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, arg
 		}
 	}
 	if err != nil {
-		if !errors.As(err, &refused) {
-			l.obs.Failed(ctx, l.scope, err)
-			return Held{}, nil, false, err
-		}
-		l.obs.Refused(ctx, refused.Scope.Kind, key, args...)
-		return Held{}, refused, l.obs.DryRun(), nil
+		return l.notGranted(ctx, key, err, args...)
 	}
 	l.obs.Granted(ctx, l.scope)
 	return k.hold(lease, scope, c.Lease, floor, until), nil, false, nil

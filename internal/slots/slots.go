@@ -113,15 +113,23 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, args ..
 	lease, err := l.leaser.Claim(ctx, c)
 	l.obs.Took(ctx, observe.Claim, start)
 	if err != nil {
-		if !errors.As(err, &refused) {
-			l.obs.Failed(ctx, l.scope, err)
-			return Held{}, nil, false, err
-		}
-		l.obs.Refused(ctx, refused.Scope.Kind, key, args...)
-		return Held{}, refused, l.obs.DryRun(), nil
+		return l.notGranted(ctx, key, err, args...)
 	}
 	l.obs.Granted(ctx, l.scope)
 	return Held{lease: lease}, nil, false, nil
+}
+
+// notGranted counts a claim that failed with err: a refusal (in its
+// scope's Kind; let through in dry run) or another error (the database's
+// or ctx's).
+func (l *Limiter) notGranted(ctx context.Context, key string, err error, args ...any) (Held, *Refused, bool, error) {
+	var refused *Refused
+	if !errors.As(err, &refused) {
+		l.obs.Failed(ctx, l.scope, err)
+		return Held{}, nil, false, err
+	}
+	l.obs.Refused(ctx, refused.Scope.Kind, key, args...)
+	return Held{}, refused, l.obs.DryRun(), nil
 }
 
 // Flush waits until every slot released so far has reached the database

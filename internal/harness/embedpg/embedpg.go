@@ -17,10 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -31,6 +29,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglimit/pglimit/internal/harness/scratch"
 )
 
 // ErrNoBinaries is returned when no PostgreSQL server binaries can be found.
@@ -122,25 +122,14 @@ func prepare(opts Options) (*Cluster, error) {
 	if c.log == nil {
 		c.log = io.Discard
 	}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("embedpg: running as root, and PostgreSQL refuses to; no 'postgres' OS user to run it as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	if c.cred, err = scratch.NotAsRoot("PostgreSQL"); err != nil {
+		return nil, fmt.Errorf("embedpg: %w", err)
 	}
-	sweep()
-	dir, err := os.MkdirTemp("", dirPrefix)
+	dir, err := scratch.Dir(dirPrefix)
 	if err != nil {
 		return nil, err
 	}
 	c.ownDir = dir
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		c.removeDir()
-		return nil, err
-	}
 	c.DataDir = filepath.Join(dir, "data")
 	if err := os.Mkdir(c.DataDir, 0o700); err != nil {
 		c.removeDir()
@@ -220,7 +209,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	for attempt := 0; attempt < 5; attempt++ {
 		port := c.Port
 		if port == 0 {
-			p, err := freePort()
+			p, err := scratch.FreePort()
 			if err != nil {
 				return err
 			}
@@ -298,15 +287,6 @@ func (c *Cluster) startOn(ctx context.Context, port int) error {
 			return fmt.Errorf("embedpg: postgres did not accept connections within 60s: %w", err)
 		}
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Kill stops the server the way a crash would (pg_ctl stop -m immediate):
@@ -432,31 +412,8 @@ func childrenOf(pid int) []int {
 	return out
 }
 
-const (
-	dirPrefix = "pglimit-pg-"
-	ownerFile = "owner.pid"
-)
-
-// sweep removes the directories of clusters whose owning process is gone
-// (a test binary killed before its cleanup ran). Their servers died with
-// their owner (Pdeathsig); only the files were left.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, ownerFile))
-		if err != nil {
-			continue // being created, or not ours
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
-			continue // owner alive
-		}
-		_ = os.RemoveAll(d)
-	}
-}
+// dirPrefix names a cluster's directory (package scratch).
+const dirPrefix = "pglimit-pg-"
 
 func (c *Cluster) removeDir() {
 	if c.ownDir != "" {

@@ -27,13 +27,14 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pglimit/pglimit/internal/harness/scratch"
 )
 
 // ErrNotInstalled is returned when no pgbouncer binary can be found.
@@ -116,23 +117,12 @@ func Start(ctx context.Context, upstream string, opts Options) (*Bouncer, error)
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("pgbouncer: running as root, and PgBouncer refuses to; no 'postgres' OS user to run it as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
-	sweep()
-	dir, err := os.MkdirTemp("", dirPrefix)
+	cred, err := scratch.NotAsRoot("PgBouncer")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgbouncer: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		_ = os.RemoveAll(dir)
+	dir, err := scratch.Dir(dirPrefix)
+	if err != nil {
 		return nil, err
 	}
 	b := &Bouncer{PoolMode: opts.PoolMode, PoolSize: opts.PoolSize, upstream: up, dir: dir}
@@ -163,7 +153,7 @@ func (b *Bouncer) start(ctx context.Context, bin string, cred *syscall.Credentia
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		listen, err := freePort()
+		listen, err := scratch.FreePort()
 		if err != nil {
 			return err
 		}
@@ -293,45 +283,13 @@ func WithParam(u, name, value string) string {
 	return parsed.String()
 }
 
-const (
-	dirPrefix = "pglimit-pgbouncer-"
-	ownerFile = "owner.pid"
-)
-
-// sweep removes the directories of PgBouncers whose owning process is gone
-// (a test binary killed before its cleanup ran): the pooler died with its
-// owner (Pdeathsig), its files were left.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, ownerFile))
-		if err != nil {
-			continue // being created, or not ours
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
-			continue // owner alive
-		}
-		_ = os.RemoveAll(d)
-	}
-}
+// dirPrefix names a pooler's directory (package scratch).
+const dirPrefix = "pglimit-pgbouncer-"
 
 // quote writes s as the auth file wants it: in double quotes, a double
 // quote doubled.
 func quote(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tail passes PgBouncer's output on and keeps its last lines, for the error
