@@ -67,6 +67,15 @@ type Capacity struct {
 	// RateAlone and RateAloneBorrowed are the requests a second one core
 	// decides for a service that limits only the rate.
 	RequestsBorrowed, RateAlone, RateAloneBorrowed float64
+	// RequestsKept is RequestsBorrowed with the in-flight cap keeping its
+	// slots (inflight.Options.Keep) for steady clients: the in-flight part
+	// measured on tokens that come back to the replica that served them.
+	// KeptServer is what a kept request's in-flight part costs the server;
+	// KeptStatements the statements it sends per request (-1: not
+	// counted, the server has no pg_stat_statements).
+	RequestsKept   float64
+	KeptServer     time.Duration
+	KeptStatements float64
 }
 
 // worst returns the costliest measurement of an operation (of every number
@@ -119,6 +128,24 @@ func (r *Report) Capacity(a Assumptions) Capacity {
 		c.RateAloneBorrowed = float64(time.Second) / float64(borrowed)
 		if with := c.Server - c.Parts[1].ServerPerRequest() + borrowed; with > 0 {
 			c.RequestsBorrowed = float64(time.Second) / float64(with)
+		}
+	}
+	// A kept request may cost the server no CPU a short run can count (no
+	// statement at all): its costliest measurement is taken among all.
+	var kept OpResult
+	for _, o := range r.Ops {
+		if o.Name == OpInflightKept && o.Ops > 0 && (kept.Ops == 0 || o.ServerPerOp() > kept.ServerPerOp()) {
+			kept = o
+		}
+	}
+	if kept.Ops > 0 && borrowed > 0 {
+		c.KeptServer = kept.ServerPerOp()
+		if with := c.Server - c.Parts[0].ServerPerRequest() - c.Parts[1].ServerPerRequest() + c.KeptServer + borrowed; with > 0 {
+			c.RequestsKept = float64(time.Second) / float64(with)
+		}
+		c.KeptStatements = -1
+		if kept.StatementTime >= 0 {
+			c.KeptStatements = float64(kept.Calls) / float64(kept.Ops)
 		}
 	}
 	return c

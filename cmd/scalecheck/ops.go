@@ -32,10 +32,14 @@ const (
 	// ratelimit.Options.Borrow: mostly a unit spent in memory, a statement
 	// per batch.
 	OpRateBorrowed = "rate-limit decision, borrowed"
+	// OpInflightKept is a steady token's request through the in-flight
+	// cap with inflight.Options.Keep: its slot taken from memory, renewed
+	// now and then.
+	OpInflightKept = "in-flight claim + release, kept"
 )
 
 // Operations lists the operations of the throughput phase.
-var Operations = []string{OpHeavy, OpInflight, OpCheck, OpFailure, OpUpload, OpRate, OpRateBorrowed}
+var Operations = []string{OpHeavy, OpInflight, OpCheck, OpFailure, OpUpload, OpRate, OpRateBorrowed, OpInflightKept}
 
 // What says what one operation does, through the public API.
 var What = map[string]string{
@@ -46,6 +50,7 @@ var What = map[string]string{
 	OpUpload:       "upload.Limiter.Acquire: a slot kept for the window (a user's 1st to 5th upload)",
 	OpRate:         "ratelimit.Limiter.Acquire under one policy (one INSERT ... ON CONFLICT DO UPDATE)",
 	OpRateBorrowed: "ratelimit.Limiter.Acquire of a client's hot key with Options.Borrow (a unit spent in memory; one statement per batch of about a second of the policy's units)",
+	OpInflightKept: "inflight.Limiter.Acquire + Permit.Release with Options.Keep of 1 s, a token per client, one request after another on the replica that served the last (a steady client: its slot taken from memory, its lease renewed now and then)",
 }
 
 // noKey is the HTTP Key of the slot limiters used through Acquire only.
@@ -56,6 +61,7 @@ func noKey(*http.Request) (string, bool) { return "", false }
 type limiters struct {
 	heavy    *heavy.Limiter
 	inflight *inflight.Limiter
+	kept     *inflight.Limiter
 	check    *signin.Limiter
 	failure  *signin.Limiter
 	upload   *upload.Limiter
@@ -86,6 +92,11 @@ func newLimiters(pool *pgxpool.Pool, c limiterConfig) (*limiters, error) {
 	}
 	if l.inflight, err = inflight.New(pool, inflight.Options{
 		Key: noKey, Limit: c.inflightLimit, Replica: c.replica, Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	if l.kept, err = inflight.New(pool, inflight.Options{
+		Name: "scale-kept", Key: noKey, Limit: c.inflightLimit, Replica: c.replica, Logger: quiet, Keep: time.Second,
 	}); err != nil {
 		return nil, err
 	}
@@ -140,6 +151,15 @@ func (l *limiters) inflightOp(ctx context.Context, token string, hold time.Durat
 	}
 	sleep(ctx, hold)
 	return claim, p.Release(ctx)
+}
+
+// keptOp claims and releases an in-flight slot of token with kept slots.
+func (l *limiters) keptOp(ctx context.Context, token string) error {
+	p, err := l.kept.Acquire(ctx, token)
+	if err != nil {
+		return err
+	}
+	return p.Release(ctx)
 }
 
 // checkOp checks key's sign-in and ends the attempt as neither failure nor

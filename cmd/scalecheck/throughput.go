@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/ratelimit"
 )
 
@@ -98,6 +100,23 @@ func processCPU() time.Duration {
 
 // throughput measures every operation at every number of clients.
 func (e *env) throughput(ctx context.Context) ([]OpResult, error) {
+	// Every replica runs the invalidation bus, as pglimit.Run runs it:
+	// a replica keeps slots (and answers refusals from memory) only while
+	// its bus is live.
+	busCtx, stopBus := context.WithCancel(ctx)
+	var buses sync.WaitGroup
+	defer func() { stopBus(); buses.Wait() }()
+	for _, pool := range e.pools {
+		buses.Add(1)
+		go func() { defer buses.Done(); _ = bus.Run(busCtx, pool, e.quiet) }()
+	}
+	for _, pool := range e.pools {
+		for deadline := time.Now().Add(30 * time.Second); !bus.For(pool).Live(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return nil, errors.New("the invalidation bus did not turn live in 30s")
+			}
+		}
+	}
 	var out []OpResult
 	for _, clients := range e.cfg.Clients {
 		replicas := min(clients, e.cfg.Replicas)
@@ -241,6 +260,9 @@ func (e *env) opFunc(name string, l *limiters, phase string, c int) func(context
 	case OpRateBorrowed:
 		// One hot key per client, at a million a second: never refused.
 		return func(ctx context.Context, _ int) error { return l.borrowOp(ctx, key) }
+	case OpInflightKept:
+		// One token per client, back to back on its replica: steady.
+		return func(ctx context.Context, _ int) error { return l.keptOp(ctx, key) }
 	case OpRate:
 		// Four keys in turn: one client decides faster than a policy's
 		// most (pglimit.MaxLimit a second) allows one key.
