@@ -65,7 +65,7 @@ type answer struct {
 
 func get(t testing.TB, h http.Handler, token string, header ...string) answer {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodGet, "/api/things", nil)
+	r := markRequest(httptest.NewRequest(http.MethodGet, "/api/things", nil))
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
 	}
