@@ -50,7 +50,7 @@ var What = map[string]string{
 	OpUpload:       "upload.Limiter.Acquire: a slot kept for the window (a user's 1st to 5th upload)",
 	OpRate:         "ratelimit.Limiter.Acquire under one policy (one INSERT ... ON CONFLICT DO UPDATE)",
 	OpRateBorrowed: "ratelimit.Limiter.Acquire of a client's hot key with Options.Borrow (a unit spent in memory; one statement per batch of about a second of the policy's units)",
-	OpInflightKept: "inflight.Limiter.Acquire + Permit.Release with Options.Keep of 1 s, a token per client, one request after another on the replica that served the last (a steady client: its slot taken from memory, its lease renewed now and then)",
+	OpInflightKept: "inflight.Limiter.Acquire + Permit.Release with Options.Keep of 1 s, a token per client sending a request every millisecond to the replica that served the last (a steady client: its slot taken from memory, its lease renewed now and then; its latency includes that millisecond)",
 }
 
 // noKey is the HTTP Key of the slot limiters used through Acquire only.

@@ -261,8 +261,15 @@ func (e *env) opFunc(name string, l *limiters, phase string, c int) func(context
 		// One hot key per client, at a million a second: never refused.
 		return func(ctx context.Context, _ int) error { return l.borrowOp(ctx, key) }
 	case OpInflightKept:
-		// One token per client, back to back on its replica: steady.
-		return func(ctx context.Context, _ int) error { return l.keptOp(ctx, key) }
+		// One token per client on its replica, a request every keptPace:
+		// steady, at a pace a service sees (back to back with no handler
+		// it would run a million a second, and the lease's renewals, paid
+		// per second, would vanish in them).
+		return func(ctx context.Context, _ int) error {
+			err := l.keptOp(ctx, key)
+			sleep(ctx, keptPace)
+			return err
+		}
 	case OpRate:
 		// Four keys in turn: one client decides faster than a policy's
 		// most (pglimit.MaxLimit a second) allows one key.
@@ -270,6 +277,10 @@ func (e *env) opFunc(name string, l *limiters, phase string, c int) func(context
 	}
 	panic("scalecheck: unknown operation " + name)
 }
+
+// keptPace is how often a client of the kept in-flight operation sends a
+// request: a thousand a second per token.
+const keptPace = time.Millisecond
 
 // percentile returns the nearest-rank q-percentile of sorted.
 func percentile(sorted []time.Duration, q float64) time.Duration {
