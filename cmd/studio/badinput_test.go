@@ -373,6 +373,24 @@ func TestConsoleAbuse(t *testing.T) {
 		{"PREPARE sneaky AS SELECT 1", complete, want{}},
 		{"LISTEN sneaky", complete, want{}},
 	}
+	// The abused replica's installation cap is 1 (its pool has one
+	// connection), shared with the other replica's heavy requests. A
+	// heavy answer waits up to a second for its permit's release and then
+	// goes out without it (permit.AnswerWait); on a loaded machine the
+	// release may land after the next request's claim, which is then
+	// refused 429 too-many-heavy-requests, scope installation. Such a
+	// refusal is sent again, up to three times, once the observer sees the
+	// installation's permits free.
+	busyInstallation := func(r *response) bool {
+		return r.Status == http.StatusTooManyRequests && strings.Contains(string(r.Body), "too-many-heavy-requests") &&
+			strings.Contains(string(r.Body), `"scope":"installation"`)
+	}
+	untilInstallationFree := func(what string) {
+		t.Helper()
+		waitFor(t, 30*time.Second, what+": the installation's heavy permits released", func() bool {
+			return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope = 'installation' AND expires_at > now()`) == 0
+		})
+	}
 	health := func(step string) {
 		t.Helper()
 		for _, c := range []struct {
@@ -387,6 +405,11 @@ func TestConsoleAbuse(t *testing.T) {
 			{"heavy request elsewhere", http.MethodPost, other, "/api/sql", "carol-token", console("SELECT 1"), 200},
 		} {
 			r, err := sendWithin(5*time.Second, c.method, c.base+c.path, c.token, c.body)
+			for try := 1; err == nil && try < 3 && c.status != http.StatusTooManyRequests && busyInstallation(r); try++ {
+				t.Logf("after %q: %s: refused while a release was still on its way (try %d of 3): sent again", step, c.what, try)
+				untilInstallationFree(c.what)
+				r, err = sendWithin(5*time.Second, c.method, c.base+c.path, c.token, c.body)
+			}
 			if err != nil {
 				t.Fatalf("after %q: %s: no answer within 5 s: %v", step, c.what, err)
 			}
@@ -410,6 +433,11 @@ func TestConsoleAbuse(t *testing.T) {
 			start := time.Now()
 			r, err = sendWithin(bound+margin+5*time.Second, http.MethodPost, abused+"/api/sql", "alice-token", console(row.sql))
 			took = time.Since(start)
+			if err == nil && try < 3 && row.want.status != http.StatusTooManyRequests && busyInstallation(r) {
+				t.Logf("%q: refused while a release was still on its way (try %d of 3): sent again", row.sql, try)
+				untilInstallationFree(row.sql)
+				continue
+			}
 			if err != nil || try == 3 || row.want.status != http.StatusOK || row.or.status == r.Status ||
 				r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "heavy-request-timed-out") {
 				break
