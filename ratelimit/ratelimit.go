@@ -129,6 +129,7 @@ import (
 	"github.com/pglimit/pglimit/internal/keys"
 	"github.com/pglimit/pglimit/internal/memo"
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/override"
 )
 
@@ -266,11 +267,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 			return nil, err
 		}
 	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("ratelimit: negative Options.Timeout")
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = defaultTimeout
+	if err := vocab.OrDefault("ratelimit", "Timeout", &opts.Timeout, defaultTimeout); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

@@ -245,14 +245,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
 	if opts.Replica == "" {
 		opts.Replica = procname.Default()
 	}
-	if opts.Timeout < 0 || opts.MaxBatch < 0 {
-		return nil, errors.New("permit: negative Timeout or MaxBatch")
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = defaultTimeout
-	}
-	if opts.MaxBatch == 0 {
-		opts.MaxBatch = defaultMaxBatch
+	if err := errors.Join(vocab.OrDefault("permit", "Timeout", &opts.Timeout, defaultTimeout),
+		vocab.OrDefault("permit", "MaxBatch", &opts.MaxBatch, defaultMaxBatch)); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

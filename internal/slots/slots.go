@@ -65,14 +65,9 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%s: nil pool", c.Pkg)
 	}
-	if c.Timeout < 0 {
-		return nil, fmt.Errorf("%s: negative Timeout", c.Pkg)
-	}
-	if c.Keep < 0 {
-		return nil, fmt.Errorf("%s: negative Keep", c.Pkg)
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
+	if err := errors.Join(vocab.OrDefault(c.Pkg, "Timeout", &c.Timeout, DefaultTimeout),
+		vocab.OrDefault(c.Pkg, "Keep", &c.Keep, 0)); err != nil {
+		return nil, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

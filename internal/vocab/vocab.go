@@ -41,6 +41,20 @@ func CheckDuration(pkg, field string, d time.Duration) error {
 	return nil
 }
 
+// OrDefault sets *v to def when it is zero and reports a negative one,
+// naming the package and the Options field: every limiter fills the
+// defaults of its Options with it, so the messages are the same
+// everywhere.
+func OrDefault[T ~int | ~int64](pkg, field string, v *T, def T) error {
+	if *v < 0 {
+		return fmt.Errorf("%s: %s %v is negative", pkg, field, *v)
+	}
+	if *v == 0 {
+		*v = def
+	}
+	return nil
+}
+
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
 // *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
 // *signin.LimitError, *ratelimit.LimitError and *quota.LimitError. Use

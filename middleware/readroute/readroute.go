@@ -86,6 +86,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/session"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // Defaults of Options.
@@ -148,14 +149,9 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if primary == nil {
 		return nil, errors.New("readroute: nil primary pool")
 	}
-	if opts.Interval < 0 || opts.Timeout < 0 {
-		return nil, errors.New("readroute: negative Interval or Timeout")
-	}
-	if opts.Interval == 0 {
-		opts.Interval = defaultInterval
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = defaultTimeout
+	if err := errors.Join(vocab.OrDefault("readroute", "Interval", &opts.Interval, defaultInterval),
+		vocab.OrDefault("readroute", "Timeout", &opts.Timeout, defaultTimeout)); err != nil {
+		return nil, err
 	}
 	if opts.Probe == nil {
 		opts.Probe = ping

@@ -337,17 +337,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if err := errors.Join(vocab.CheckCap("signin", "Limit", opts.Limit), vocab.CheckDuration("signin", "Window", opts.Window)); err != nil {
 		return nil, err
 	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = defaultMaxBodyBytes
-	}
-	if opts.MaxBodyBytes < 0 {
-		return nil, errors.New("signin: negative MaxBodyBytes")
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = defaultTimeout
-	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("signin: negative Timeout")
+	if err := errors.Join(vocab.OrDefault("signin", "MaxBodyBytes", &opts.MaxBodyBytes, defaultMaxBodyBytes),
+		vocab.OrDefault("signin", "Timeout", &opts.Timeout, defaultTimeout)); err != nil {
+		return nil, err
 	}
 	defaultKey := opts.Key == nil
 	if defaultKey {

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,21 +31,17 @@ import (
 // binaries embedpg runs, and says so in one line either way (where it
 // looked, and how to get it when it is not there).
 func Installed() (bool, string) {
-	bin, err := embedpg.BinDir()
+	in, err := embedpg.Installed()
 	if err != nil {
 		return false, err.Error()
 	}
-	libDir, shareDir := pgConfig(bin, "--pkglibdir"), pgConfig(bin, "--sharedir")
-	if libDir == "" { // no pg_config beside the server: Debian's layout
-		libDir = filepath.Join(filepath.Dir(bin), "lib")
-	}
-	so := filepath.Join(libDir, "citus.so")
+	so := filepath.Join(in.Lib, "citus.so")
 	if _, err := os.Stat(so); err != nil {
-		return false, fmt.Sprintf("citustest: Citus is not installed for the PostgreSQL of %s (no %s); build and install it with ../shared/citus/build as root", bin, so)
+		return false, fmt.Sprintf("citustest: Citus is not installed for the PostgreSQL of %s (no %s); build and install it with ../shared/citus/build as root", in.Bin, so)
 	}
 	version := ""
-	if shareDir != "" {
-		if b, err := os.ReadFile(filepath.Join(shareDir, "extension", "citus.control")); err == nil {
+	if in.Share != "" {
+		if b, err := os.ReadFile(filepath.Join(in.Share, "extension", "citus.control")); err == nil {
 			for _, line := range strings.Split(string(b), "\n") {
 				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "default_version"); ok {
 					version = " " + strings.Trim(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), "=")), "'")
@@ -54,15 +49,7 @@ func Installed() (bool, string) {
 			}
 		}
 	}
-	return true, fmt.Sprintf("citustest: Citus%s is installed for the PostgreSQL of %s (%s)", version, bin, so)
-}
-
-func pgConfig(bin, flag string) string {
-	out, err := exec.Command(filepath.Join(bin, "pg_config"), flag).Output()
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(out))
+	return true, fmt.Sprintf("citustest: Citus%s is installed for the PostgreSQL of %s (%s)", version, in.Bin, so)
 }
 
 // Options configure a cluster. The zero value is ready to use.

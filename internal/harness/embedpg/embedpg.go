@@ -146,11 +146,37 @@ func prepare(opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// BinDir returns the directory of the server binaries (initdb, postgres,
-// pg_ctl, pg_config when installed) that Start runs: the same lookup, so a
-// caller can inspect that installation (its extensions, say) before
-// starting a cluster. It returns ErrNoBinaries when there are none.
-func BinDir() (string, error) { return findBinDir() }
+// Installation is where the server binaries Start runs keep what an
+// extension installs: Lib its shared libraries (citus.so), Share its
+// control files (extension/citus.control). Share is empty when there is
+// no pg_config beside the binaries to ask.
+type Installation struct {
+	Bin, Lib, Share string
+}
+
+// Installed returns the Installation of the server binaries (initdb,
+// postgres, pg_ctl, pg_config when installed) that Start runs, the same
+// lookup, for a caller that looks for an extension before it starts a
+// cluster. It returns ErrNoBinaries when there are none.
+func Installed() (Installation, error) {
+	bin, err := findBinDir()
+	if err != nil {
+		return Installation{}, err
+	}
+	in := Installation{Bin: bin, Lib: pgConfig(bin, "--pkglibdir"), Share: pgConfig(bin, "--sharedir")}
+	if in.Lib == "" { // no pg_config beside the server: Debian's layout
+		in.Lib = filepath.Join(filepath.Dir(bin), "lib")
+	}
+	return in, nil
+}
+
+func pgConfig(bin, flag string) string {
+	out, err := exec.Command(filepath.Join(bin, "pg_config"), flag).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
 
 // findBinDir returns the directory of initdb: on PATH, else the newest
 // /usr/lib/postgresql/<version>/bin (Debian does not put it on PATH).

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -122,12 +121,11 @@ func Start(ctx context.Context, opts Options) ([]*Proc, error) {
 	opts.Args = append([]string{"-cursor-key", base64.StdEncoding.EncodeToString(key)}, opts.Args...)
 	procs := make([]*Proc, opts.N)
 	for i := range procs {
-		port, err := FreePort()
+		addr, err := scratch.FreeAddr()
 		if err != nil {
 			return nil, err
 		}
 		name := fmt.Sprintf("replica-%d", i+1)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
 		p := &Proc{
 			Name: name, Addr: addr, URL: "http://" + addr,
 			LogPath: filepath.Join(opts.LogDir, name+".log"),
@@ -167,12 +165,12 @@ func (p *Proc) startOnFreePort(ctx context.Context) error {
 		if err == nil || attempt == 5 || !p.exitedOnBusyPort() {
 			return err
 		}
-		port, perr := FreePort()
+		addr, perr := scratch.FreeAddr()
 		if perr != nil {
 			return errors.Join(err, perr)
 		}
 		old := p.Addr
-		p.Addr = "127.0.0.1:" + strconv.Itoa(port)
+		p.Addr = addr
 		p.URL = "http://" + p.Addr
 		for i, a := range p.args {
 			if a == old {

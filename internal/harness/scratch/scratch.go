@@ -66,6 +66,16 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// FreeAddr returns a loopback TCP address, host and port, that was free a
+// moment ago.
+func FreeAddr() (string, error) {
+	port, err := FreePort()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+}
+
 // NotAsRoot is the credential a server that refuses to run as root
 // (PostgreSQL, PgBouncer) is started with: the OS user postgres when this
 // process is root, nil (this process's own) otherwise. what names the
