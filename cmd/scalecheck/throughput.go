@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
 )
 
@@ -103,20 +102,11 @@ func (e *env) throughput(ctx context.Context) ([]OpResult, error) {
 	// Every replica runs the invalidation bus, as pglimit.Run runs it:
 	// a replica keeps slots (and answers refusals from memory) only while
 	// its bus is live.
-	busCtx, stopBus := context.WithCancel(ctx)
-	var buses sync.WaitGroup
-	defer func() { stopBus(); buses.Wait() }()
-	for _, pool := range e.pools {
-		buses.Add(1)
-		go func() { defer buses.Done(); _ = bus.Run(busCtx, pool, e.quiet) }()
+	stopBuses, err := pgtest.RunBuses(ctx, e.quiet, e.pools...)
+	if err != nil {
+		return nil, err
 	}
-	for _, pool := range e.pools {
-		for deadline := time.Now().Add(30 * time.Second); !bus.For(pool).Live(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return nil, errors.New("the invalidation bus did not turn live in 30s")
-			}
-		}
-	}
+	defer stopBuses()
 	var out []OpResult
 	for _, clients := range e.cfg.Clients {
 		replicas := min(clients, e.cfg.Replicas)

@@ -22,7 +22,7 @@ import (
 	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/bus"
+	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
@@ -228,15 +228,8 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	}
 	// The invalidation bus, as pglimit.Run runs it: refusals are answered
 	// from memory only while it is live.
-	busCtx, stopBus := context.WithCancel(context.Background())
-	busDone := make(chan struct{})
-	go func() { defer close(busDone); _ = bus.Run(busCtx, pool, quiet) }()
-	s.stopBus = func() { stopBus(); <-busDone }
-	for deadline := time.Now().Add(30 * time.Second); !bus.For(pool).Live(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			s.stopBus()
-			return nil, errors.New("bench: the invalidation bus did not turn live in 30s")
-		}
+	if s.stopBus, err = pgtest.RunBuses(context.Background(), quiet, pool); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	if s.access, err = accessRules(ctx, pool); err != nil {
 		return nil, err

@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -584,21 +585,36 @@ func (e *exampleTB) cleanup() {
 // memory.
 func Listen(t TB, pools ...*pgxpool.Pool) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	stop, err := RunBuses(context.Background(), nil, pools...)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(stop)
+}
+
+// RunBuses runs the invalidation bus of each pool, as pglimit.Run runs it,
+// and returns once every one is Live, with the function that stops them
+// and waits until they have; log receives the buses' failures (nil:
+// slog.Default()). It fails when a bus is not Live within 30s or ctx ends
+// first, with the buses stopped.
+func RunBuses(ctx context.Context, log *slog.Logger, pools ...*pgxpool.Pool) (stop func(), err error) {
+	busCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for _, pool := range pools {
-		wg.Go(func() { _ = bus.Run(ctx, pool, nil) })
+		wg.Go(func() { _ = bus.Run(busCtx, pool, log) })
 	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = func() { cancel(); wg.Wait() }
 	deadline := time.Now().Add(30 * time.Second)
 	for _, pool := range pools {
 		for !bus.For(pool).Live() {
-			if time.Now().After(deadline) {
-				t.Fatalf("pgtest: the invalidation bus did not turn live within 30s")
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				stop()
+				return nil, errors.New("the invalidation bus did not turn live within 30s")
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	return stop, nil
 }
 
 // TableActivity is what the database's statistics say was done to one of
