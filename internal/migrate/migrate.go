@@ -22,6 +22,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/sql/schema"
 )
 
@@ -72,6 +73,7 @@ func ApplyDB(ctx context.Context, sqlDB *sql.DB, m Migration) error {
 		lock.WithTableName(m.lockTable()),
 		lock.WithTableLockID(m.LockID),
 		lock.WithTableLockTimeout(500*time.Millisecond, 600),
+		lock.WithTableRetryPolicy(retryLock),
 		lock.WithTableLogger(slog.New(slog.DiscardHandler)),
 	)
 	if err != nil {
@@ -90,6 +92,21 @@ func ApplyDB(ctx context.Context, sqlDB *sql.DB, m Migration) error {
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
 	return nil
+}
+
+// retryLock reports whether a failure to take or give back the migration
+// lock is worth another try: another migrator holds it (goose says so
+// without a database error), or the database cannot answer now (it is
+// starting, a connection broke). Any other database error fails the
+// migration at once instead of after five minutes of retries: a pooler in
+// transaction mode that mixes up prepared statements (08P01, 26000,
+// 42P05), a missing privilege.
+func retryLock(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return true
+	}
+	return pg.Code != "08P01" && dberr.IsUnavailable(err)
 }
 
 // createSchema runs SchemaCreate on a connection of sqlDB.
