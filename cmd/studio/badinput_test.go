@@ -438,6 +438,17 @@ func TestConsoleAbuse(t *testing.T) {
 				untilInstallationFree(row.sql)
 				continue
 			}
+			// An answer later than the bound and its margin is sent again
+			// too: beside two CPU hogs and the rest of the suite, a
+			// DECLARE ... WITH HOLD once answered after 7.08 s with its
+			// connection wait, claim and answer. A statement that really
+			// outlives its bound does so every time, and the third try is
+			// judged.
+			if err == nil && try < 3 && took > bound+margin {
+				t.Logf("%q: answered after %v, beyond its bound of %v and its margin of %v (try %d of 3): sent again", row.sql, took, bound, margin, try)
+				untilInstallationFree(row.sql)
+				continue
+			}
 			if err != nil || try == 3 || row.want.status != http.StatusOK || row.or.status == r.Status ||
 				r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "heavy-request-timed-out") {
 				break
@@ -510,8 +521,9 @@ func TestConsoleAbuse(t *testing.T) {
 func TestSlowBodyHoldsNoPermitPastItsBound(t *testing.T) {
 	t.Parallel()
 	const bound = 2 * time.Second
-	procs, _ := studio(t, 1, "-sql-console-cap", "1", "-sql-console-time", "2s")
+	procs, dbURL := studio(t, 1, "-sql-console-cap", "1", "-sql-console-time", "2s")
 	base := procs[0].URL
+	obs := pgtest.Pool(t, dbURL, 1)
 	conn, err := net.DialTimeout("tcp", procs[0].Addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -536,7 +548,11 @@ func TestSlowBodyHoldsNoPermitPastItsBound(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(bound / 2)
+	// The trickler holds alice's permit once the observer sees it (on a
+	// loaded machine its claim can take longer than any fixed sleep).
+	waitFor(t, bound+20*time.Second, "the trickler's console permit held", func() bool {
+		return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope <> 'installation' AND expires_at > now()`) > 0
+	})
 	call(t, http.MethodPost, base+"/api/sql", "alice-token", console("SELECT 1")).problemOf(t, http.StatusTooManyRequests, "too-many-heavy-requests")
 	waitFor(t, bound+5*time.Second, "alice's console permit free again", func() bool {
 		r, err := sendWithin(5*time.Second, http.MethodPost, base+"/api/sql", "alice-token", console("SELECT 1"))
