@@ -90,6 +90,19 @@ func (r *Report) worst(name string) OpResult {
 	return w
 }
 
+// costliest is the costliest measurement of an operation among all that
+// ran, one that counted no server CPU included (worst skips those): a
+// decision from memory may send no statement in a short measurement.
+func (r *Report) costliest(name string) OpResult {
+	var w OpResult
+	for _, o := range r.Ops {
+		if o.Name == name && o.Ops > 0 && (w.Ops == 0 || o.ServerPerOp() > w.ServerPerOp()) {
+			w = o
+		}
+	}
+	return w
+}
+
 // Capacity computes the requests, users and replicas one core serves.
 func (r *Report) Capacity(a Assumptions) Capacity {
 	c := Capacity{Assumptions: a}
@@ -120,25 +133,24 @@ func (r *Report) Capacity(a Assumptions) Capacity {
 	if noInflight > 0 {
 		c.RequestsNoInflight = float64(time.Second) / float64(noInflight)
 	}
-	rate, borrowed := r.worst(OpRate).ServerPerOp(), r.worst(OpRateBorrowed).ServerPerOp()
+	// A borrowed decision, like a kept request, may cost the server no CPU
+	// a short run on a loaded machine can count (no statement at all in
+	// its measurement): the figures with it need it measured, not costly.
+	rate, borrowedOp := r.worst(OpRate).ServerPerOp(), r.costliest(OpRateBorrowed)
+	borrowed := borrowedOp.ServerPerOp()
 	if rate > 0 {
 		c.RateAlone = float64(time.Second) / float64(rate)
 	}
 	if borrowed > 0 {
 		c.RateAloneBorrowed = float64(time.Second) / float64(borrowed)
+	}
+	if borrowedOp.Ops > 0 {
 		if with := c.Server - c.Parts[1].ServerPerRequest() + borrowed; with > 0 {
 			c.RequestsBorrowed = float64(time.Second) / float64(with)
 		}
 	}
-	// A kept request may cost the server no CPU a short run can count (no
-	// statement at all): its costliest measurement is taken among all.
-	var kept OpResult
-	for _, o := range r.Ops {
-		if o.Name == OpInflightKept && o.Ops > 0 && (kept.Ops == 0 || o.ServerPerOp() > kept.ServerPerOp()) {
-			kept = o
-		}
-	}
-	if kept.Ops > 0 && borrowed > 0 {
+	kept := r.costliest(OpInflightKept)
+	if kept.Ops > 0 && borrowedOp.Ops > 0 {
 		c.KeptServer = kept.ServerPerOp()
 		if with := c.Server - c.Parts[0].ServerPerRequest() - c.Parts[1].ServerPerRequest() + c.KeptServer + borrowed; with > 0 {
 			c.RequestsKept = float64(time.Second) / float64(with)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -285,5 +286,37 @@ func TestReadProc(t *testing.T) {
 	}
 	if _, err := readProc(1 << 30); err == nil {
 		t.Error("readProc of a pid that does not exist: no error")
+	}
+}
+
+// TestCapacityFromMemory: a borrowed decision and a kept request can send
+// no statement at all in a short measurement on a loaded machine, so
+// their server CPU counts 0; the figures with them are still given (the
+// loaded CI run once had neither), and the report words them without a
+// missing value.
+func TestCapacityFromMemory(t *testing.T) {
+	op := func(name string, ops int64, server time.Duration) OpResult {
+		return OpResult{Name: name, Clients: 1, Replicas: 1, Ops: ops, Wall: time.Second, P50: time.Millisecond,
+			P99: time.Millisecond, CPU: cpuUsed{Server: server}, StatementTime: -1}
+	}
+	rep := &Report{Ops: []OpResult{
+		op(OpHeavy, 100, 30*time.Millisecond), op(OpInflight, 100, 27*time.Millisecond),
+		op(OpCheck, 100, 5*time.Millisecond), op(OpFailure, 100, 18*time.Millisecond),
+		op(OpUpload, 100, 14*time.Millisecond), op(OpRate, 100, 14*time.Millisecond),
+		op(OpRateBorrowed, 5000, 0), op(OpInflightKept, 300, 0),
+	}}
+	c := rep.Capacity(DefaultAssumptions)
+	if c.RequestsBorrowed <= c.Requests || c.RequestsKept <= c.RequestsBorrowed {
+		t.Errorf("requests a core: %.0f, borrowing %.0f, kept %.0f; want each more than the one before",
+			c.Requests, c.RequestsBorrowed, c.RequestsKept)
+	}
+	if c.KeptServer != 0 || c.KeptStatements != -1 {
+		t.Errorf("kept: %v of server CPU, %.2f statements (-1: not counted)", c.KeptServer, c.KeptStatements)
+	}
+	// Without a measurement of the borrowed decision there is no figure
+	// with it, rather than a made-up one.
+	rep.Ops = slices.DeleteFunc(slices.Clone(rep.Ops), func(o OpResult) bool { return o.Name == OpRateBorrowed })
+	if c := rep.Capacity(DefaultAssumptions); c.RequestsBorrowed != 0 || c.RequestsKept != 0 {
+		t.Errorf("with no borrowed decision measured: borrowing %.0f, kept %.0f; want none", c.RequestsBorrowed, c.RequestsKept)
 	}
 }
