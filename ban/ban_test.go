@@ -181,12 +181,15 @@ func TestBanAcrossReplicas(t *testing.T) {
 		if !banned {
 			t.Fatalf("replica %d: not banned", i)
 		}
-		// One machine, one clock: the replica's end is the database's,
-		// up to its statement's way (or the notification's).
-		if d := until.Round(0).Sub(want); d < -50*time.Millisecond || d > 50*time.Millisecond {
-			t.Errorf("replica %d: the ban ends at %v, %v from the database's %v", i, until, d, want)
+		// One machine, one clock: the replica's end is the database's, up
+		// to the error of its estimate of the database clock (half the
+		// round trip it was taken from: on a loaded machine that round
+		// trip is slower) and 50 ms for the rest of the way.
+		bound := ban.ClockError(r.bans) + 50*time.Millisecond
+		if d := until.Round(0).Sub(want); d < -bound || d > bound {
+			t.Errorf("replica %d: the ban ends at %v, %v from the database's %v (bound %v)", i, until, d, want, bound)
 		} else {
-			t.Logf("replica %d: ends %v from the database's end", i, d.Round(time.Microsecond))
+			t.Logf("replica %d: ends %v from the database's end (bound %v)", i, d.Round(time.Microsecond), bound)
 		}
 		ends = append(ends, until)
 	}
