@@ -13,6 +13,16 @@ import "github.com/pglimit/pglimit/internal/vocab"
 // scope, when to retry).
 var ErrLimited = vocab.ErrLimited
 
+// ErrInvalidCost is matched by the error of a cost the rate
+// (ratelimit.Limiter.AcquireN, Permit.Settle) or a quota cannot charge: a
+// negative one, or, for a quota, one above quota.MaxLimit. It is the
+// caller's mistake, not the client's.
+var ErrInvalidCost = vocab.ErrInvalidCost
+
+// ErrSettled is returned by a second Settle of one ratelimit.Permit or
+// quota.Permit.
+var ErrSettled = vocab.ErrSettled
+
 // Class is what kind of failure a database error is, as Classify tells it.
 // Its value is its name, ready for a log line or a metric attribute.
 type Class = vocab.Class

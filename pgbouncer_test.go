@@ -199,7 +199,7 @@ func runModeWorkload(t *testing.T, b *pgbouncer.Bouncer, upstream, mode string) 
 					record(err)
 					if err == nil {
 						// A bounded read in the permit's time bound.
-						work, done := heavy.NewContext(ctx, p.Bounds())
+						work, done := heavy.NewContext(ctx, reports.Bounds())
 						var live int
 						err = heavy.Read(work, pool, func(tx pgx.Tx) error {
 							return tx.QueryRow(work, `SELECT count(*) FROM pglimit.heavy_permit WHERE expires_at > now()`).Scan(&live)
@@ -373,7 +373,7 @@ func TestPgBouncerLeavesNoSessionSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	work, done := heavy.NewContext(ctx, p.Bounds())
+	work, done := heavy.NewContext(ctx, reports.Bounds())
 	var inside, pidInside string
 	err = heavy.Read(work, pool, func(tx pgx.Tx) error {
 		return tx.QueryRow(work, `SELECT current_setting('statement_timeout'), pg_backend_pid()::text`).Scan(&inside, &pidInside)
@@ -428,7 +428,7 @@ func TestPgBouncerStreamStopsItsStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Release(ctx)
-	work, done := heavy.NewContext(ctx, p.Bounds())
+	work, done := heavy.NewContext(ctx, export.Bounds())
 	defer done()
 	var mark heavy.Mark
 	err = heavy.Read(work, pool, func(tx pgx.Tx) error {
@@ -443,9 +443,9 @@ func TestPgBouncerStreamStopsItsStatement(t *testing.T) {
 	if err != nil || mark.Bound != heavy.BoundRows || mark.Rows != 10 {
 		t.Fatalf("Stream through PgBouncer: %v, %v; want 10 rows and the ROWS mark", mark, err)
 	}
-	if deadline, _ := work.Deadline(); time.Until(deadline) < p.Bounds().Time/2 {
+	if deadline, _ := work.Deadline(); time.Until(deadline) < export.Bounds().Time/2 {
 		t.Fatalf("the read ended %v before its time bound of %v: the cancel request did not stop the statement at the row cap",
-			time.Until(deadline).Round(time.Second), p.Bounds().Time)
+			time.Until(deadline).Round(time.Second), export.Bounds().Time)
 	}
 	var one int
 	if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil || one != 1 {

@@ -15,7 +15,7 @@ const (
 	// is the first byte of the signed payload.
 	version byte = 1
 	// minKeyLen is the shortest HMAC key NewCodec accepts; 32 bytes (what
-	// NewRandomCodec makes) are recommended.
+	// a nil codec of NewPager has) are recommended.
 	minKeyLen = 16
 	// tagLen is the length of the HMAC-SHA256 tag a cursor carries
 	// (truncated from 32 bytes).
@@ -54,7 +54,7 @@ type Position struct {
 // Every replica of a service must use the same key, given through
 // configuration: a cursor written by one replica is refused by a replica
 // with another key (400 invalid-cursor), which a load balancer turns into a
-// client that cannot page. A key from NewRandomCodec is only right for a
+// client that cannot page. A random key (NewPager given no codec) is only right for a
 // single process, and its cursors die with it.
 type Codec struct {
 	key []byte
@@ -70,11 +70,11 @@ func NewCodec(key []byte) (*Codec, error) {
 	return &Codec{key: append([]byte(nil), key...)}, nil
 }
 
-// NewRandomCodec returns a Codec with a random 32-byte key, for a service
-// that configures none. Its cursors are refused by every other process,
-// including this one after a restart: replicas must share a key through
+// newRandomCodec returns a Codec with a random 32-byte key (NewPager's,
+// given none). Its cursors are refused by every other process, including
+// this one after a restart: replicas must share a key through
 // configuration instead (NewCodec).
-func NewRandomCodec() *Codec {
+func newRandomCodec() *Codec {
 	return &Codec{key: generateKey()}
 }
 

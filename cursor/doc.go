@@ -48,7 +48,7 @@
 //
 // Replicas must share one key of at least 16 bytes through configuration
 // (NewCodec): a cursor from one replica fails on a replica with another
-// key. NewRandomCodec is for a single process only.
+// key. NewPager with a nil codec is for a single process only.
 //
 // # What a handler runs
 //

@@ -15,8 +15,11 @@ func (e *pageError) Param() string  { return e.param }
 func (e *pageError) Detail() string { return e.detail }
 func (e *pageError) Limit() int     { return e.limit }
 
-// GenerateKey returns a random key of the size NewRandomCodec uses.
+// GenerateKey returns a random key of the size a nil codec's has.
 func GenerateKey() []byte { return generateKey() }
+
+// NewRandomCodec is the codec NewPager makes when given none.
+func NewRandomCodec() *Codec { return newRandomCodec() }
 
 func (c *Codec) Encode(binding string, p Position) string { return c.encode(binding, p) }
 

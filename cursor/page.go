@@ -136,16 +136,17 @@ type Pager struct {
 }
 
 // NewPager returns a Pager signing with codec under rules (zero fields take
-// their defaults); it refuses rules out of range. A nil codec is
-// NewRandomCodec(), which is right only for a single process: replicas must
-// share a key (see Codec).
+// their defaults); it refuses rules out of range. A nil codec is a codec
+// with a random 32-byte key, which is right only for a single process (its
+// cursors are refused by every other process, and by this one after a
+// restart): replicas must share a key (see Codec).
 func NewPager(codec *Codec, rules Rules) (*Pager, error) {
 	rules, err := rules.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	if codec == nil {
-		codec = NewRandomCodec()
+		codec = newRandomCodec()
 	}
 	return &Pager{codec: codec, rules: rules}, nil
 }

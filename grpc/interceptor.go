@@ -126,8 +126,8 @@ func newInterceptor(kind string, opts Options) (*Interceptor, error) {
 // spends Options.Cost units under Options.Policies (l.AcquireN), all or
 // nothing. An admitted call runs with the RateLimit headers as header
 // metadata; a refused one is ResourceExhausted with them as trailers;
-// when the database cannot decide, l's FailOpen lets the call through
-// uncounted, and otherwise it is Unavailable.
+// when the database cannot decide, the call is Unavailable, or, with the
+// engine's Options.FailOpen, runs uncounted.
 func RateLimit(l *ratelimit.Limiter, opts Options) (*Interceptor, error) {
 	if l == nil {
 		return nil, errors.New("pglimitgrpc: RateLimit: nil Limiter")
@@ -151,9 +151,6 @@ func RateLimit(l *ratelimit.Limiter, opts Options) (*Interceptor, error) {
 		}
 		p, err := l.AcquireN(ctx, key, n, ps)
 		if err != nil {
-			if l.FailOpen() && isUnavailable(err) && !errors.Is(ctx.Err(), context.Canceled) {
-				return ctx, nil, nil, nil
-			}
 			return nil, nil, nil, err
 		}
 		h := http.Header{}
@@ -223,7 +220,7 @@ func Heavy(l *heavy.Limiter, opts Options) (*Interceptor, error) {
 			// Dry run: the values the refusal would have had, no permit.
 			md = refusalMD(e)
 		}
-		bctx, cancel := heavy.NewContext(ctx, p.Bounds())
+		bctx, cancel := heavy.NewContext(ctx, l.Bounds())
 		return bctx, md, func(err error) error {
 			err = timedOut(bctx, err)
 			cancel()
@@ -361,7 +358,7 @@ type stream struct {
 func (s *stream) Context() context.Context { return s.ctx }
 
 // isUnavailable reports whether err is a database that cannot be reached
-// or did not answer in time: what ratelimit's FailOpen covers.
+// or did not answer in time.
 func isUnavailable(err error) bool {
 	c := pglimit.Classify(err)
 	return c == pglimit.ClassUnavailable || c == pglimit.ClassTimeout

@@ -49,10 +49,11 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
-// MaxLimit is the largest limit an override takes: 2^53, as quota.MaxLimit.
-const MaxLimit = 1 << 53
+// maxLimit is the largest limit an override takes: 2^53, quota.MaxLimit.
+const maxLimit = vocab.MaxAmount
 
 // ErrInvalid is returned, wrapped with what was wrong, for a policy, key,
 // limit or ttl Set cannot store.
@@ -302,8 +303,8 @@ func (s *Store) Set(ctx context.Context, policy, key string, limit int64, ttl ti
 	if err := check(policy, key); err != nil {
 		return Override{}, err
 	}
-	if limit < 0 || limit > MaxLimit {
-		return Override{}, fmt.Errorf("%w: limit %d is not between 0 and %d", ErrInvalid, limit, int64(MaxLimit))
+	if limit < 0 || limit > maxLimit {
+		return Override{}, fmt.Errorf("%w: limit %d is not between 0 and %d", ErrInvalid, limit, int64(maxLimit))
 	}
 	if ttl < 0 {
 		return Override{}, fmt.Errorf("%w: negative ttl", ErrInvalid)

@@ -15,6 +15,7 @@ import (
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/override"
+	"github.com/pglimit/pglimit/quota"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -210,7 +211,7 @@ func TestSetRefusesBadInput(t *testing.T) {
 		{"invalid UTF-8", "quota", "\xff", 1, 0},
 		{"a long key", "quota", strings.Repeat("k", 1001), 1, 0},
 		{"a negative limit", "quota", "k", -1, 0},
-		{"an absurd limit", "quota", "k", override.MaxLimit + 1, 0},
+		{"an absurd limit", "quota", "k", quota.MaxLimit + 1, 0},
 		{"a negative ttl", "quota", "k", 1, -time.Second},
 	}
 	for _, c := range cases {
@@ -218,7 +219,7 @@ func TestSetRefusesBadInput(t *testing.T) {
 			if _, err := s.Set(ctx, c.policy, c.key, c.limit, c.ttl); !errors.Is(err, override.ErrInvalid) {
 				t.Fatalf("Set: %v, want ErrInvalid", err)
 			}
-			if _, err := s.Remove(ctx, c.policy, c.key); c.limit >= 0 && c.limit <= override.MaxLimit && c.ttl >= 0 && !errors.Is(err, override.ErrInvalid) {
+			if _, err := s.Remove(ctx, c.policy, c.key); c.limit >= 0 && c.limit <= quota.MaxLimit && c.ttl >= 0 && !errors.Is(err, override.ErrInvalid) {
 				t.Fatalf("Remove: %v, want ErrInvalid", err)
 			}
 		})

@@ -73,7 +73,7 @@ import (
 // MaxLimit is the largest Limit a quota takes: 2^53, the largest integer a
 // JSON number carries exactly. (Quotas count bytes and rows, so their
 // bound is far above pglimit.MaxLimit, the bound of a cap.)
-const MaxLimit = 1 << 53
+const MaxLimit = vocab.MaxAmount
 
 // Period is a calendar unit a quota is counted in.
 type Period int
@@ -113,10 +113,6 @@ func (p Period) step() pgtype.Interval {
 		return pgtype.Interval{Months: 12, Valid: true}
 	}
 }
-
-// ErrInvalidOptions is what New returns, wrapped, for Options it cannot
-// work with.
-var ErrInvalidOptions = errors.New("quota: invalid options")
 
 // Options configure a Limiter.
 type Options struct {
@@ -170,16 +166,16 @@ type Limiter struct {
 // New returns a Limiter on pool after checking o.
 func New(pool *pgxpool.Pool, o Options) (*Limiter, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", ErrInvalidOptions)
+		return nil, errors.New("quota: nil pool")
 	}
 	if strings.TrimSpace(o.Name) == "" || len(o.Name) > 200 {
-		return nil, fmt.Errorf("%w: Name must be 1 to 200 bytes", ErrInvalidOptions)
+		return nil, errors.New("quota: Name must be 1 to 200 bytes")
 	}
 	if o.Limit < 1 || o.Limit > MaxLimit {
-		return nil, fmt.Errorf("%w: Limit %d is not between 1 and %d", ErrInvalidOptions, o.Limit, int64(MaxLimit))
+		return nil, fmt.Errorf("quota: Limit %d is not between 1 and %d", o.Limit, int64(MaxLimit))
 	}
 	if o.Period < Day || o.Period > Year {
-		return nil, fmt.Errorf("%w: Period must be Day, Month or Year", ErrInvalidOptions)
+		return nil, errors.New("quota: Period must be Day, Month or Year")
 	}
 	loc := o.Location
 	if loc == nil {
@@ -187,23 +183,20 @@ func New(pool *pgxpool.Pool, o Options) (*Limiter, error) {
 	}
 	zone := loc.String()
 	if zone == "Local" || zone == "" {
-		return nil, fmt.Errorf("%w: Location must be a named zone (an IANA name), not time.Local", ErrInvalidOptions)
+		return nil, errors.New("quota: Location must be a named zone (an IANA name), not time.Local")
 	}
 	if _, err := time.LoadLocation(zone); err != nil {
-		return nil, fmt.Errorf("%w: Location %q: %v", ErrInvalidOptions, zone, err)
+		return nil, fmt.Errorf("quota: Location %q: %v", zone, err)
 	}
-	if o.Timeout < 0 {
-		return nil, fmt.Errorf("%w: negative Timeout", ErrInvalidOptions)
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 5 * time.Second
+	if err := vocab.OrDefault("quota", "Timeout", &o.Timeout, 5*time.Second); err != nil {
+		return nil, err
 	}
 	obs, err := observe.New(observe.Options{
 		Name: o.Name, Scopes: []string{"key"}, DryRun: o.DryRun,
 		MeterProvider: o.MeterProvider, Logger: o.Logger,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
+		return nil, fmt.Errorf("quota: %w", err)
 	}
 	return &Limiter{
 		pool: pool, q: db.New(), name: o.Name, limit: o.Limit, period: o.Period,
@@ -287,13 +280,6 @@ func (e *LimitError) Error() string {
 // Is reports whether target is pglimit.ErrLimited.
 func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 
-// ErrInvalidCost is returned, wrapped, for a negative cost or one above
-// MaxLimit, and for a settle of a negative or absurd actual cost.
-var ErrInvalidCost = errors.New("quota: invalid cost")
-
-// ErrSettled is returned by a second Settle of one Permit.
-var ErrSettled = errors.New("quota: permit already settled")
-
 // Acquire charges one unit to key. It returns a *LimitError when the key
 // has used its Limit this period (in dry run: a Permit whose Refusal says
 // so).
@@ -316,14 +302,14 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, cost int64) (*Permit
 // returned permit runs in tx as well.
 func (l *Limiter) ChargeTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (*Permit, error) {
 	if tx == nil {
-		return nil, fmt.Errorf("quota: ChargeTx: nil transaction")
+		return nil, errors.New("quota: ChargeTx: nil transaction")
 	}
 	return l.charge(ctx, tx, tx, key, cost)
 }
 
 func (l *Limiter) charge(ctx context.Context, dbtx db.DBTX, tx pgx.Tx, key string, cost int64) (*Permit, error) {
 	if cost < 0 || cost > MaxLimit {
-		return nil, fmt.Errorf("%w: %d", ErrInvalidCost, cost)
+		return nil, fmt.Errorf("quota: %w: %d", vocab.ErrInvalidCost, cost)
 	}
 	limit := l.limitOf(key)
 	if cost > limit {
@@ -379,16 +365,16 @@ func (l *Limiter) clock() pgtype.Timestamptz {
 // Settle charges the difference between actual, what the admitted work
 // really cost, and the permit's Cost: a refund when actual is less (use
 // never goes below zero), a further charge, whatever the quota, when it is
-// more. A permit settles once (ErrSettled after); a dry-run permit that
+// more. A permit settles once (pglimit.ErrSettled after); a dry-run permit that
 // was refused, never. It runs even when ctx has ended (the cost was
 // incurred): only its own Timeout bounds it. A period that ended since the
 // charge is left alone. The permit's State is updated.
 func (p *Permit) Settle(ctx context.Context, actual int64) error {
 	if actual < 0 || actual > MaxLimit {
-		return fmt.Errorf("%w: settle of %d", ErrInvalidCost, actual)
+		return fmt.Errorf("quota: %w: settle of %d", vocab.ErrInvalidCost, actual)
 	}
 	if p.settled {
-		return ErrSettled
+		return vocab.ErrSettled
 	}
 	p.settled = true
 	delta := actual - p.Cost

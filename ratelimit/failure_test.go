@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
 )
@@ -232,5 +233,43 @@ func TestClientGone(t *testing.T) {
 	}
 	if logs.String() != "" {
 		t.Errorf("logged: %s", logs)
+	}
+}
+
+// TestFailOpenIsTheEngines: the engine decides fail-open, so every
+// transport (and a job calling AcquireN) gets the same answer: with
+// FailOpen, a database that cannot be reached gives a Permit that spent
+// nothing and carries no policy state; without it, the database's error;
+// and a caller that went away gets its error either way, never a pass.
+func TestFailOpenIsTheEngines(t *testing.T) {
+	t.Parallel()
+	u, px := throughProxy(t)
+	pool := pgtest.Pool(t, u, 2)
+	policies := []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	open, err := ratelimit.New(pool, ratelimit.Options{Name: "open", Policies: policies, FailOpen: true, Timeout: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := ratelimit.New(pool, ratelimit.Options{Name: "closed", Policies: policies, Timeout: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.set("down")
+	ctx := context.Background()
+	p, err := open.AcquireN(ctx, "k", 1, nil)
+	if err != nil || p == nil || p.Cost != 0 || len(p.Policies) != 0 || p.Refusal() != nil {
+		t.Fatalf("FailOpen, database down: %+v, %v; want a Permit that spent nothing", p, err)
+	}
+	if err := p.Settle(ctx, 5); err != nil {
+		t.Errorf("settling a fail-open permit: %v; want nothing to settle", err)
+	}
+	if p, err := closed.AcquireN(ctx, "k", 1, nil); p != nil || pglimit.Classify(err) != pglimit.ClassUnavailable {
+		t.Errorf("fail closed, database down: %+v, %v (%s); want the database's error", p, err, pglimit.Classify(err))
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if p, err := open.AcquireN(gone, "k", 1, nil); p != nil || err == nil {
+		t.Errorf("FailOpen, caller gone: %+v, %v; want its error", p, err)
 	}
 }

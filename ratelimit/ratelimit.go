@@ -151,12 +151,13 @@ type Options struct {
 	// given none), checked here. Default none: then every AcquireN names
 	// its own (middleware/ratelimit's PolicyFunc).
 	Policies []Policy
-	// FailOpen tells the transports (middleware/ratelimit, the gRPC front)
-	// to let requests through, uncounted and without headers, while the
-	// database cannot be reached or does not answer within Timeout; the
-	// incidents are counted with the attribute fail "open". Default
-	// false: such requests are refused (503 database-unavailable, gRPC
-	// Unavailable). Closed is the default because the limit
+	// FailOpen lets requests through, uncounted, while the database cannot
+	// be reached or does not answer within Timeout: AcquireN then returns
+	// a Permit that spent nothing and has no Policies (the transports send
+	// no RateLimit headers for it); the incidents are counted with the
+	// attribute fail "open". Default false: AcquireN returns the
+	// database's error, and such requests are refused (503
+	// database-unavailable, gRPC Unavailable). Closed is the default because the limit
 	// exists to protect the service when it is loaded, and a database
 	// that stops answering in time is most often a loaded one: letting
 	// every request through then adds to the load the limit was set to
@@ -404,12 +405,6 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	return nil
 }
 
-// FailOpen reports Options.FailOpen: whether a transport lets a request
-// through, uncounted, when AcquireN fails because the database cannot be
-// reached or did not answer in time (middleware/ratelimit and the gRPC
-// front do).
-func (l *Limiter) FailOpen() bool { return l.failOpen }
-
 // Name returns Options.Name.
 func (l *Limiter) Name() string { return l.name }
 
@@ -463,9 +458,6 @@ type Permit struct {
 	settled  bool
 }
 
-// ErrSettled is returned by a Permit's second Settle.
-var ErrSettled = errors.New("ratelimit: permit already settled")
-
 // maxSettle bounds what a settle may move a policy's TAT, in
 // microseconds: about 290,000 years, far inside PostgreSQL's interval
 // and clear of int64 overflow.
@@ -485,22 +477,22 @@ const maxSettle = math.MaxInt64 / 1000
 // stay within Burst + Limit × L / Window plus, over its permits admitted
 // and not yet settled, what each settles above its estimate (with
 // settles that never exceed their estimate, within the policy's bound).
-// A second Settle returns ErrSettled; a negative actual an error matching
-// ErrInvalidCost; a database that could not write it an error
+// A second Settle returns pglimit.ErrSettled; a negative actual an error
+// matching pglimit.ErrInvalidCost; a database that could not write it an error
 // (pglimit.Classify), and the estimate stands. The settle outlives ctx's
 // cancellation, bounded by Options.Timeout. A dry-run refusal's permit
 // spent nothing and settles nothing.
 func (p *Permit) Settle(ctx context.Context, actual int) error {
 	if actual < 0 {
-		return fmt.Errorf("%w: settle of %d", ErrInvalidCost, actual)
+		return fmt.Errorf("ratelimit: %w: settle of %d", vocab.ErrInvalidCost, actual)
 	}
 	if p.settled {
-		return ErrSettled
+		return vocab.ErrSettled
 	}
 	delta := actual - p.Cost
 	for _, pol := range p.policies {
 		if t := pol.emission(); int64(delta) > maxSettle/t || int64(delta) < -maxSettle/t {
-			return fmt.Errorf("%w: settle of %d under policy %s", ErrInvalidCost, actual, pol.Name)
+			return fmt.Errorf("ratelimit: %w: settle of %d under policy %s", vocab.ErrInvalidCost, actual, pol.Name)
 		}
 	}
 	p.settled = true
@@ -582,13 +574,23 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 // pglimit.ErrLimited) when a policy has no room for cost (in dry run: a Permit with Refusal set), an
 // error matching ErrInvalidPolicy for policies that cannot be used, and a
 // database error (pglimit.Classify tells which) when the decision could
-// not be made: FailOpen is the transports'; AcquireN always returns it.
+// not be made — with Options.FailOpen, when the database cannot be
+// reached or did not answer in time, a Permit that spent nothing and has
+// no Policies instead (a caller that went away still gets the error).
 func (l *Limiter) AcquireN(ctx context.Context, key string, cost int, policies []Policy) (*Permit, error) {
+	p, err := l.acquireN(ctx, key, cost, policies)
+	if err != nil && l.failOpen && isUnavailable(err) && !isCanceled(ctx, err) {
+		return &Permit{Name: l.name, Cost: 0, At: time.Now()}, nil
+	}
+	return p, err
+}
+
+func (l *Limiter) acquireN(ctx context.Context, key string, cost int, policies []Policy) (*Permit, error) {
 	if key == "" {
 		return nil, errors.New("ratelimit: empty key")
 	}
 	if cost < 0 {
-		return nil, fmt.Errorf("%w: %d", ErrInvalidCost, cost)
+		return nil, fmt.Errorf("ratelimit: %w: %d", vocab.ErrInvalidCost, cost)
 	}
 	if policies == nil {
 		policies = l.policies
@@ -734,9 +736,6 @@ func (l *Limiter) borrowed(ctx context.Context, key string, p *Permit, err error
 	l.obs.Failed(ctx, scopeKey, err)
 	return nil, err
 }
-
-// ErrInvalidCost is matched by the error of a negative cost.
-var ErrInvalidCost = errors.New("ratelimit: negative cost")
 
 // refused counts and returns a refusal, or in dry run logs it and returns
 // a Permit that carries it.

@@ -490,7 +490,7 @@ func TestAcquireBadInput(t *testing.T) {
 		is       error
 	}{
 		{"empty key", "", 1, good, nil},
-		{"negative cost", "k", -1, good, ratelimit.ErrInvalidCost},
+		{"negative cost", "k", -1, good, pglimit.ErrInvalidCost},
 		{"no policies at all", "k", 1, nil, ratelimit.ErrInvalidPolicy},
 		{"empty policies", "k", 1, []ratelimit.Policy{}, ratelimit.ErrInvalidPolicy},
 		{"invalid policy", "k", 1, []ratelimit.Policy{{Name: "a"}}, ratelimit.ErrInvalidPolicy},

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
@@ -122,10 +123,10 @@ func TestSettleBadInput(t *testing.T) {
 		actual int
 		want   error
 	}{
-		{"negative", -1, ratelimit.ErrInvalidCost},
-		{"most negative", math.MinInt, ratelimit.ErrInvalidCost},
-		{"absurd", math.MaxInt, ratelimit.ErrInvalidCost},
-		{"a unit a year for ever", math.MaxInt64 / (366 * 24 * 3600), ratelimit.ErrInvalidCost},
+		{"negative", -1, pglimit.ErrInvalidCost},
+		{"most negative", math.MinInt, pglimit.ErrInvalidCost},
+		{"absurd", math.MaxInt, pglimit.ErrInvalidCost},
+		{"a unit a year for ever", math.MaxInt64 / (366 * 24 * 3600), pglimit.ErrInvalidCost},
 	} {
 		p, err := l.AcquireN(ctx, tc.name, 1, nil)
 		if err != nil {
@@ -148,7 +149,7 @@ func TestSettleBadInput(t *testing.T) {
 	if err := p.Settle(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Settle(ctx, 2); !errors.Is(err, ratelimit.ErrSettled) {
+	if err := p.Settle(ctx, 2); !errors.Is(err, pglimit.ErrSettled) {
 		t.Errorf("a second Settle: %v, want ErrSettled", err)
 	}
 	if got := remaining(t, l, "twice"); got[0] != 998 {

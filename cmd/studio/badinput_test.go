@@ -94,7 +94,7 @@ func TestBadInput(t *testing.T) {
 	// Forged: a well-formed cursor signed with a key that is not the
 	// installation's, and the installation's cursor with its position
 	// edited in place (the tag no longer matches).
-	foreign, err := cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{})
+	foreign, err := cursor.NewPager(nil, cursor.Rules{})
 	if err != nil {
 		t.Fatal(err)
 	}

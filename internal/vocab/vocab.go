@@ -62,6 +62,18 @@ func OrDefault[T ~int | ~int64](pkg, field string, v *T, def T) error {
 // scope, when to retry).
 var ErrLimited = errors.New("pglimit: limit reached")
 
+// ErrInvalidCost is matched by the error of a cost the rate or the quota
+// cannot charge: a negative one, or (quota) one above quota.MaxLimit; the
+// cost is a caller's mistake, not the client's.
+var ErrInvalidCost = errors.New("pglimit: invalid cost")
+
+// ErrSettled is returned by a second Settle of one rate or quota Permit.
+var ErrSettled = errors.New("pglimit: permit already settled")
+
+// MaxAmount is the largest amount a quota or an override counts: 2^53, the
+// largest integer a JSON number carries exactly.
+const MaxAmount = 1 << 53
+
 // Class is what kind of failure a database error is, as Classify tells it.
 // Its value is its name, ready for a log line or a metric attribute.
 type Class string

@@ -98,7 +98,7 @@ func ExampleLimiter_Acquire() {
 	_, err = reports.Acquire(ctx, "reporting-job") // a second run of the same job, meanwhile
 	fmt.Println(err)
 
-	work, cancel := heavy.NewContext(ctx, p.Bounds()) // ends at the time bound
+	work, cancel := heavy.NewContext(ctx, reports.Bounds()) // ends at the time bound
 	defer cancel()
 	b, _ := heavy.FromContext(work)
 	fmt.Println(b.Endpoint, b.Time)

@@ -233,17 +233,12 @@ func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
 // Permit is a granted heavy request.
 type Permit struct {
 	held    slots.Held // none for a dry-run refusal
-	bounds  Bounds
 	refusal *LimitError
 }
 
 // Refusal is, in dry run, the refusal this request would have had: it
 // holds no permit. Nil when the request fits.
 func (p *Permit) Refusal() *LimitError { return p.refusal }
-
-// Bounds returns the bounds the permit was granted under. Bound the work
-// with them: NewContext(ctx, p.Bounds()).
-func (p *Permit) Bounds() Bounds { return p.bounds }
 
 // Release gives both permits back, in one statement, and waits until the
 // database has them back, or ctx ends: work answered after it never holds
@@ -270,7 +265,8 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 // (errors.Is pglimit.ErrLimited) when a cap is reached — in dry run a
 // Permit without a permit instead, whose Refusal says so; any other error
 // is the database's (pglimit.Classify) or ctx's. Release the permit when
-// the work ends, and bound the work with the permit's Bounds.
+// the work ends, and bound the work with the endpoint's:
+// NewContext(ctx, l.Bounds()).
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	name := l.core.Name
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
@@ -282,18 +278,18 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 	case err != nil:
 		return nil, err
 	case refused == nil:
-		return &Permit{held: held, bounds: l.bounds()}, nil
+		return &Permit{held: held}, nil
 	}
 	le := &LimitError{Name: name, Limit: refused.Scope.Cap, Scope: Scope(refused.Scope.Kind), RetryAfter: slots.RetryAfter(refused, grace)}
 	if !letThrough {
 		return nil, le
 	}
-	return &Permit{bounds: l.bounds(), refusal: le}, nil
+	return &Permit{refusal: le}, nil
 }
 
-// Bounds are the bounds of the endpoint (its Deadline zero): what a front
-// other than Handler (a gRPC interceptor) runs an unidentified call under,
-// as Handler does, with NewContext(ctx, l.Bounds()).
+// Bounds are the bounds of the endpoint (its Deadline zero): work done
+// under a Permit outside an HTTP handler (a job, a gRPC call) runs in
+// NewContext(ctx, l.Bounds()), as Handler runs a request.
 func (l *Limiter) Bounds() Bounds { return l.bounds() }
 
 func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.core.Name, Time: l.time, Rows: l.rows} }
@@ -325,7 +321,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		// The answer completes once the permits are back (the answer wait (1 s)
 		// at most); a failed release is logged by the Leaser.
 		defer p.held.ReleaseWithin(r.Context())
-		ctx, cancel := NewContext(r.Context(), p.bounds)
+		ctx, cancel := NewContext(r.Context(), l.bounds())
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -390,7 +386,7 @@ func FromContext(ctx context.Context) (Bounds, bool) {
 // NewContext returns ctx carrying b and ending at b.Deadline (b.Time from
 // now when b.Deadline is zero), or at ctx's own deadline when that is
 // sooner, which the Bounds in the context then say: work done under a
-// Permit outside an HTTP handler runs in NewContext(ctx, p.Bounds()).
+// Permit outside an HTTP handler runs in NewContext(ctx, l.Bounds()).
 func NewContext(ctx context.Context, b Bounds) (context.Context, context.CancelFunc) {
 	if b.Deadline.IsZero() {
 		b.Deadline = time.Now().Add(b.Time)

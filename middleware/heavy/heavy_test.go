@@ -432,7 +432,7 @@ func TestAcquireOutsideHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := p.Bounds(); b.Endpoint != "nightly" || b.Time != time.Second {
+	if b := l.Bounds(); b.Endpoint != "nightly" || b.Time != time.Second {
 		t.Errorf("bounds %+v", b)
 	}
 	_, err = l.Acquire(ctx, "job")

@@ -56,13 +56,13 @@ type Middleware struct {
 // New checks o once and returns a Middleware.
 func New(o Options) (*Middleware, error) {
 	if o.Limiter == nil {
-		return nil, fmt.Errorf("%w: nil Limiter", engine.ErrInvalidOptions)
+		return nil, errors.New("quota: nil Limiter")
 	}
 	if o.Key == nil {
-		return nil, fmt.Errorf("%w: nil Key", engine.ErrInvalidOptions)
+		return nil, errors.New("quota: nil Key")
 	}
 	if !validPolicy(o.Policy) {
-		return nil, fmt.Errorf("%w: Policy %q must be 1 to 64 bytes of a-z, 0-9 and -", engine.ErrInvalidOptions, o.Policy)
+		return nil, fmt.Errorf("quota: Policy %q must be 1 to 64 bytes of a-z, 0-9 and -", o.Policy)
 	}
 	if o.Cost == nil {
 		o.Cost = func(*http.Request) int64 { return 1 }
@@ -158,7 +158,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	switch {
 	case respond.Class(r.Context(), err) == vocab.ClassCanceled:
-	case errors.Is(err, engine.ErrInvalidCost):
+	case errors.Is(err, vocab.ErrInvalidCost):
 		problem.Internal(w, r)
 	default:
 		respond.Unavailable(w, r, respond.SlugUnavailable, respond.DetailUnavailable)

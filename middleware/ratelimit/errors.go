@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/retryafter"
-	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 	engine "github.com/pglimit/pglimit/ratelimit"
@@ -21,20 +19,6 @@ const (
 	slugTooMany = "too-many-requests"
 	slugBanned  = "banned"
 )
-
-// isCanceled reports whether err ended a decision because the caller's
-// context was canceled: a client that went away, not a failure.
-func isCanceled(ctx context.Context, err error) bool {
-	return respond.Class(ctx, err) == vocab.ClassCanceled
-}
-
-// isUnavailable reports whether err is a database that cannot be reached
-// or did not answer in time (pglimit.ClassUnavailable or ClassTimeout):
-// what the Limiter's FailOpen covers and what is answered 503.
-func isUnavailable(err error) bool {
-	c := vocab.Classify(err)
-	return c == vocab.ClassUnavailable || c == vocab.ClassTimeout
-}
 
 // writeBanned writes a banned key's refusal (e.Banned): 429 banned with
 // Retry-After and the member retryAfter (seconds, rounded up).

@@ -47,6 +47,7 @@ import (
 	engine "github.com/pglimit/pglimit/ratelimit"
 
 	"github.com/pglimit/pglimit/internal/observe"
+	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // Options configure a Middleware. Limiter and Key are required.
@@ -116,9 +117,9 @@ func New(o Options) (*Middleware, error) {
 // Handler limits the rate of requests to next. A request whose key or
 // policies are none passes uncounted; an admitted one passes with the
 // RateLimit headers; a refused one gets OnError's answer (429 by
-// default). When the decision fails, the Limiter's FailOpen says what
-// happens. A request Options.Exempt exempts passes uncounted, without
-// headers.
+// default). When the decision fails, it is refused (503), or, with the
+// engine's Options.FailOpen, passes uncounted without headers. A
+// request Options.Exempt exempts passes uncounted, without headers.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	l := m.o.Limiter
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -147,10 +148,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		p, err := l.AcquireN(r.Context(), key, cost, policies)
 		if err != nil {
 			switch {
-			case l.FailOpen() && isUnavailable(err) && !isCanceled(r.Context(), err):
-				next.ServeHTTP(w, r)
-				return
-			case errors.Is(err, engine.ErrInvalidPolicy), errors.Is(err, engine.ErrInvalidCost):
+			case errors.Is(err, engine.ErrInvalidPolicy), errors.Is(err, vocab.ErrInvalidCost):
 				m.errLog.Log(r.Context(), m.o.Logger, slog.LevelError, "ratelimit: Options.PolicyFunc or Options.Cost gave what cannot be used",
 					"limit", l.Name(), "err", err)
 			}

@@ -122,7 +122,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 		return nil, nil, err
 	}
 	node, _ := nl.Node("n")
-	pager, err := cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{})
+	pager, err := cursor.NewPager(nil, cursor.Rules{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -241,7 +241,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 	if s.ledger, err = quota.New(pool, quota.Options{Name: "bench", Limit: quota.MaxLimit, Period: quota.Month, Durable: true, Logger: quiet}); err != nil {
 		return nil, err
 	}
-	if s.pager, err = cursor.NewPager(cursor.NewRandomCodec(), cursor.Rules{}); err != nil {
+	if s.pager, err = cursor.NewPager(nil, cursor.Rules{}); err != nil {
 		return nil, err
 	}
 	if redisAddr != "" && RedisRate != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglimit/pglimit/override"
 	"github.com/pglimit/pglimit/problem"
+	"github.com/pglimit/pglimit/quota"
 )
 
 // overridePolicies are the policies an operator may give a key its own
@@ -18,9 +19,9 @@ import (
 var overridePolicies = map[string]int64{
 	"api":             1_000_000,
 	"address":         1_000_000,
-	policyQuota:       override.MaxLimit,
-	policyExportRows:  override.MaxLimit,
-	policyPluginBytes: override.MaxLimit,
+	policyQuota:       quota.MaxLimit,
+	policyExportRows:  quota.MaxLimit,
+	policyPluginBytes: quota.MaxLimit,
 }
 
 // overridePolicyOrder lists overridePolicies in the order the API lists
