@@ -212,7 +212,7 @@ func TestOnCitus(t *testing.T) {
 	// Every statement the decisions above made, and the resets, planned by
 	// Citus on a fresh session.
 	router := []string{"LoginAttemptGet", "LoginAttemptReserve", "LoginAttemptRecordFailure", "LoginAttemptClear",
-		"APIRequestWindowReset", "APIRequestWindowDecideOnShard", "APIRequestWindowBorrowOnShard",
+		"APIRequestWindowReset", "APIRequestWindowDecideOneOnShard", "APIRequestWindowDecideOnShard", "APIRequestWindowBorrowOnShard",
 		"APIRequestWindowGiveBack", "APIRequestWindowSettle", "SlotClaimOnShard", "SlotReleaseOne"}
 	calls := log.byName()
 	// Every other named statement the pool ran is one of these, which are

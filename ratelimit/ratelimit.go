@@ -826,8 +826,9 @@ type decision struct {
 }
 
 // decide runs the decision's statement: APIRequestWindowDecideOne for one
-// policy, and APIRequestWindowDecide for several or when the key's row
-// holds other policies too.
+// policy (on Citus APIRequestWindowDecideOneOnShard), and
+// APIRequestWindowDecide (on Citus the function pglimit.rate_decide) for
+// several or when the key's row holds other policies too.
 func (l *Limiter) decide(ctx context.Context, key string, cost int, policies []Policy) (*decision, error) {
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
@@ -842,12 +843,21 @@ func (l *Limiter) decideOn(ctx context.Context, key string, cost int, policies [
 	if err != nil {
 		return nil, err
 	}
-	if len(policies) == 1 && !l.generalOnly && !onShard {
+	if len(policies) == 1 && !l.generalOnly {
 		p := policies[0]
-		row, err := l.q.APIRequestWindowDecideOne(ctx, l.pool, &db.APIRequestWindowDecideOneParams{
+		arg := &db.APIRequestWindowDecideOneParams{
 			Name: l.name, Key: key, Policy: p.Name,
 			Increment: micros(p.emission() * int64(cost)), Tolerance: micros(p.emission() * int64(p.burst())),
-		})
+		}
+		var row *db.APIRequestWindowDecideOneRow
+		if onShard {
+			var r *db.APIRequestWindowDecideOneOnShardRow
+			if r, err = l.q.APIRequestWindowDecideOneOnShard(ctx, l.pool, (*db.APIRequestWindowDecideOneOnShardParams)(arg)); err == nil {
+				row = (*db.APIRequestWindowDecideOneRow)(r)
+			}
+		} else {
+			row, err = l.q.APIRequestWindowDecideOne(ctx, l.pool, arg)
+		}
 		switch {
 		case err == nil:
 			return l.judge(policies, cost, row.Allowed, row.DecidedAt, []time.Time{row.Tat})

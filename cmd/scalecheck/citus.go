@@ -17,10 +17,25 @@ type CitusRun struct {
 	// Version is Citus' version; Workers the number of worker nodes.
 	Version string
 	Workers int
-	// Ops are the operations, as on one server; each one's CPU.Nodes holds
-	// the coordinator's CPU, then each worker's.
+	// Ops are the operations, as on one server, sent to the coordinator;
+	// each one's CPU.Nodes holds the coordinator's CPU, then each
+	// worker's.
 	Ops []OpResult
+	// OnWorkers are the same operations sent to the workers instead, each
+	// replica's pool to one worker (Citus runs a statement from any node
+	// with its metadata: on the node that holds the key's shard, locally;
+	// on the other, forwarded to it).
+	OnWorkers []OpResult
 }
+
+// OnWorker returns the result of the operation name at the given clients,
+// sent to the workers.
+func (c *CitusRun) OnWorker(name string, clients int) (OpResult, bool) {
+	return findOp(c.OnWorkers, name, clients)
+}
+
+// AllNodesPerOp is the CPU one operation cost every node together.
+func (r OpResult) AllNodesPerOp() time.Duration { return r.NodePerOp(0) + r.WorkersPerOp() }
 
 // Op returns the result of the operation name at the given clients.
 func (c *CitusRun) Op(name string, clients int) (OpResult, bool) { return findOp(c.Ops, name, clients) }
@@ -105,6 +120,15 @@ func (e *env) onCitus(ctx context.Context) (*CitusRun, error) {
 	}
 	defer ce.closePools()
 	run.Ops, err = ce.throughput(ctx)
+	ce.closePools()
+	if err == nil {
+		e.logf("-citus: the same operations sent to the workers, each replica to one")
+		ce.replicaURLs = cluster.WorkerURLs("postgres")
+		ce.run += "w" // keys of their own: the upload windows above are full
+		if err = ce.openPools(ctx); err == nil {
+			run.OnWorkers, err = ce.throughput(ctx)
+		}
+	}
 	for op, msg := range ce.errors {
 		e.noteError(citusName(op), errors.New(msg))
 	}

@@ -230,16 +230,19 @@ func (c Config) check() error {
 
 // env is what a run measures with.
 type env struct {
-	cfg        Config
-	url        string
-	appName    string
-	observer   *pgxpool.Pool
-	pools      []*pgxpool.Pool
-	cpu        *cpuMeter
-	run        string
-	quiet      *slog.Logger
-	statements bool
-	progress   io.Writer
+	cfg Config
+	url string
+	// replicaURLs, when set, are the nodes the replicas' pools connect
+	// to, replica i to replicaURLs[i % len]: on Citus, the workers.
+	replicaURLs []string
+	appName     string
+	observer    *pgxpool.Pool
+	pools       []*pgxpool.Pool
+	cpu         *cpuMeter
+	run         string
+	quiet       *slog.Logger
+	statements  bool
+	progress    io.Writer
 
 	errMu  sync.Mutex
 	errors map[string]string // the first error of each operation
@@ -348,7 +351,11 @@ func Measure(ctx context.Context, cfg Config, progress io.Writer) (*Report, erro
 // openPools opens the replicas' pools, every connection open.
 func (e *env) openPools(ctx context.Context) error {
 	for i := 0; i < e.cfg.Replicas; i++ {
-		pc, err := pgxpool.ParseConfig(e.url)
+		url := e.url
+		if len(e.replicaURLs) > 0 {
+			url = e.replicaURLs[i%len(e.replicaURLs)]
+		}
+		pc, err := pgxpool.ParseConfig(url)
 		if err != nil {
 			return err
 		}

@@ -183,6 +183,23 @@ func (r *Report) Markdown(w io.Writer) error {
 			}
 			return fmt.Sprintf("%.1f", float64(on.ServerPerOp())/float64(one.ServerPerOp()))
 		},
+		// ratioWorkers is an operation's CPU on Citus, sent to the
+		// workers, over its CPU on one server.
+		"ratioWorkers": func(c *CitusRun, name string, clients int) string {
+			one, _ := r.Op(name, clients)
+			on, ok := c.OnWorker(name, clients)
+			if !ok || one.ServerPerOp() <= 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.1f", float64(on.ServerPerOp())/float64(one.ServerPerOp()))
+		},
+		"citusWorkerOp": func(name string, clients int) OpResult {
+			if r.Citus == nil {
+				return OpResult{}
+			}
+			o, _ := r.Citus.OnWorker(name, clients)
+			return o
+		},
 		"count": func(n int64) string {
 			s := strconv.FormatInt(n, 10)
 			for i := len(s) - 3; i > 0; i -= 3 {

@@ -62,6 +62,7 @@ func (r *Report) Problems() []string {
 	out := r.opProblems("", r.Ops, func(op string) string { return op })
 	if r.Citus != nil {
 		out = append(out, r.opProblems("on citus, ", r.Citus.Ops, citusName)...)
+		out = append(out, r.opProblems("on citus, sent to the workers, ", r.Citus.OnWorkers, citusName)...)
 	}
 	if c := r.Churn; c != nil {
 		if c.Errors > 0 {

@@ -183,11 +183,24 @@ func TestCitusRun(t *testing.T) {
 			t.Errorf("on citus, %s: coordinator %v and workers %v per op, want both counted", o.Name, o.NodePerOp(0), o.WorkersPerOp())
 		}
 	}
+	// Sent to the workers: every operation but those that need the
+	// coordinator's bus, each node's CPU counted, the coordinator's
+	// next to nothing (the replicas do not reach it).
+	if want := len(Operations) - 2; len(rep.Citus.OnWorkers) != want*len(cfg.Clients) {
+		t.Fatalf("sent to the workers: %d results, want %d operations at each of %v clients", len(rep.Citus.OnWorkers), want, cfg.Clients)
+	}
+	for _, o := range rep.Citus.OnWorkers {
+		if o.Ops == 0 || o.Errors != 0 || o.Refused != 0 || len(o.CPU.Nodes) != 3 || o.WorkersPerOp() <= 0 {
+			t.Errorf("sent to the workers, %s at %d clients: %d operations, %d errors, %d refused, %d nodes' CPU, workers %v per op",
+				o.Name, o.Clients, o.Ops, o.Errors, o.Refused, len(o.CPU.Nodes), o.WorkersPerOp())
+		}
+	}
 	var md bytes.Buffer
 	if err := rep.Markdown(&md); err != nil {
 		t.Fatalf("Markdown: %v", err)
 	}
-	for _, want := range []string{"### What a decision costs on Citus", "### How decisions per second grow with workers", "-citus -out"} {
+	for _, want := range []string{"### What a decision costs on Citus", "### How decisions per second grow with workers", "-citus -out",
+		"Citus sent to the workers: every node's CPU per op"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("the report lacks %q", want)
 		}

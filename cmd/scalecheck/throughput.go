@@ -102,11 +102,19 @@ func (e *env) throughput(ctx context.Context) ([]OpResult, error) {
 	// Every replica runs the invalidation bus, as pglimit.Run runs it:
 	// a replica keeps slots (and answers refusals from memory) only while
 	// its bus is live.
-	stopBuses, err := pgtest.RunBuses(ctx, e.quiet, e.pools...)
-	if err != nil {
-		return nil, err
+	// On Citus workers (replicaURLs) there is no bus: it listens to the
+	// coordinator, which holds its key; the operations that need it (kept
+	// slots, borrowing) are measured through the coordinator only.
+	ops := Operations
+	if len(e.replicaURLs) == 0 {
+		stopBuses, err := pgtest.RunBuses(ctx, e.quiet, e.pools...)
+		if err != nil {
+			return nil, err
+		}
+		defer stopBuses()
+	} else {
+		ops = slices.DeleteFunc(slices.Clone(ops), func(op string) bool { return op == OpRateBorrowed || op == OpInflightKept })
 	}
-	defer stopBuses()
 	var out []OpResult
 	for _, clients := range e.cfg.Clients {
 		replicas := min(clients, e.cfg.Replicas)
@@ -124,7 +132,7 @@ func (e *env) throughput(ctx context.Context) ([]OpResult, error) {
 				return nil, err
 			}
 		}
-		for _, name := range Operations {
+		for _, name := range ops {
 			r, err := e.measure(ctx, name, clients, sets)
 			if err != nil {
 				return nil, fmt.Errorf("%s at %d clients: %w", name, clients, err)
