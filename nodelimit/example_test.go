@@ -40,6 +40,14 @@ func Example() {
 		log.Fatal(err)
 	}
 	_ = limiter.Refresh(ctx) // the first share at once (the registry counts this replica)
+	node, err := limiter.Node("broker-1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("this replica's share: %v calls/s\n", node.Limit())
+	// Run re-reads the count at once and then every 5 s. While this
+	// replica's first heartbeat lands, a read may count it twice (its
+	// share then errs low, never high, until the next read).
 	runCtx, shutdown := context.WithCancel(ctx)
 	defer shutdown()
 	go func() { _ = pglimit.Run(runCtx, pool, pglimit.RunOptions{Registry: registry}) }() // heartbeat every 5 s
@@ -50,10 +58,6 @@ func Example() {
 	})) // stands in for http://broker-1:8161
 	defer broker.Close()
 
-	node, err := limiter.Node("broker-1")
-	if err != nil {
-		log.Fatal(err)
-	}
 	for range 3 {
 		// One HTTP POST is one call: wait for this replica's turn first.
 		if err := node.Wait(ctx); err != nil {
@@ -66,7 +70,6 @@ func Example() {
 		}
 		resp.Body.Close()
 	}
-	fmt.Printf("this replica's share: %v calls/s\n", node.Limit())
 	// Output:
 	// this replica's share: 20 calls/s
 }
