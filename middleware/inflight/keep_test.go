@@ -418,8 +418,11 @@ func TestKeptSlotsOfKilledReplicaLapse(t *testing.T) {
 	stopBus()
 	<-busDone
 	dying.Close()
+	// Until the kept slots lapse the other replica is refused; the first
+	// answer may already be a 200 when the machine took the lease's whole
+	// time to get here (beside two CPU hogs it did): the bound below
+	// still fails a slot freed before MaxDuration + grace.
 	ah := al.Handler(&counted{})
-	checkRefusal(t, call(t, ah, "killed-token"), limit, 1)
 	for {
 		got := call(t, ah, "killed-token")
 		if got.status == http.StatusOK {
