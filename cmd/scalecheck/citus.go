@@ -34,9 +34,6 @@ func (c *CitusRun) OnWorker(name string, clients int) (OpResult, bool) {
 	return findOp(c.OnWorkers, name, clients)
 }
 
-// AllNodesPerOp is the CPU one operation cost every node together.
-func (r OpResult) AllNodesPerOp() time.Duration { return r.NodePerOp(0) + r.WorkersPerOp() }
-
 // Op returns the result of the operation name at the given clients.
 func (c *CitusRun) Op(name string, clients int) (OpResult, bool) { return findOp(c.Ops, name, clients) }
 

@@ -193,13 +193,6 @@ func (r *Report) Markdown(w io.Writer) error {
 			}
 			return fmt.Sprintf("%.1f", float64(on.ServerPerOp())/float64(one.ServerPerOp()))
 		},
-		"citusWorkerOp": func(name string, clients int) OpResult {
-			if r.Citus == nil {
-				return OpResult{}
-			}
-			o, _ := r.Citus.OnWorker(name, clients)
-			return o
-		},
 		"count": func(n int64) string {
 			s := strconv.FormatInt(n, 10)
 			for i := len(s) - 3; i > 0; i -= 3 {
