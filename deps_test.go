@@ -13,6 +13,7 @@ import (
 var libraryPackages = []string{
 	".", "./db", "./sql/schema", "./quota", "./override", "./problem", "./cursor",
 	"./middleware/...", "./replica", "./housekeeping", "./nodelimit", "./clientaddr", "./access", "./ban",
+	"./limit", "./ratelimit",
 }
 
 // forbiddenDeps are the modules of the reference service, the load check,

@@ -7,10 +7,9 @@ import "github.com/pglimit/pglimit/internal/vocab"
 // here they are re-exported, the same values, for adopters.
 
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
-// *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
-// *signin.LimitError, *ratelimit.LimitError and *quota.LimitError. Use
-// errors.As with the package's LimitError for its fields (the limit, the
-// scope, when to retry).
+// *limit.Refusal (heavy, inflight, upload, signin),
+// *ratelimit.LimitError and *quota.LimitError. Use errors.As with that
+// type for its fields (the limit, the scope, when to retry).
 var ErrLimited = vocab.ErrLimited
 
 // ErrInvalidCost is matched by the error of a cost the rate

@@ -27,6 +27,7 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgbouncer"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
@@ -297,7 +298,7 @@ func TestPgBouncerClaimIsOneTransaction(t *testing.T) {
 	ctx := t.Context()
 	for round := range rounds {
 		start := make(chan struct{})
-		permits := make([]*heavy.Permit, len(limiters))
+		permits := make([]*limit.Permit, len(limiters))
 		errs := make([]error, len(limiters))
 		var wg sync.WaitGroup
 		for i, l := range limiters {

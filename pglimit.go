@@ -4,13 +4,16 @@
 // ADR-0196 (docs/ADR-0196.txt in the repository).
 //
 // The limits are in their own packages, all of one shape (New with checked
-// Options, Acquire(ctx, key) returning a Permit or a *LimitError matching
+// Options, Acquire(ctx, key) returning a Permit or a refusal matching
 // ErrLimited, and an HTTP face with Handler(next) and a replaceable
 // OnError): middleware/heavy (expensive endpoints), middleware/inflight
 // (requests in flight per token), middleware/upload (uploads per rolling
 // window), middleware/signin (failed sign-ins); ratelimit (request rate per
 // key, GCRA) and quota (per calendar period) are engines without net/http,
-// whose HTTP faces are middleware/ratelimit and middleware/quota.
+// whose HTTP faces are middleware/ratelimit and middleware/quota. The
+// first four return the values of package limit: a *limit.Permit (heavy,
+// inflight, upload) and a *limit.Refusal, the same for all four; the rate
+// and a quota, which charge amounts, a Permit and a LimitError of their own.
 // middleware/readroute sends history reads to a read replica, cursor pages
 // deep history by key, nodelimit shares an outbound call rate between
 // replicas, override keeps limits as data, and pgtest is a test kit (a

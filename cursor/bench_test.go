@@ -158,7 +158,7 @@ func BenchmarkPage(b *testing.B) {
 					b.Fatal(err)
 				}
 				var got []benchRow
-				if page.Keyset() {
+				if page.After != nil {
 					got, err = readPage(ctx, pool, keysetPageSQL, page.After.At, page.After.ID, page.Size)
 				} else {
 					got, err = readPage(ctx, pool, firstPageSQL, page.Size)

@@ -57,7 +57,7 @@
 //	page, err := pager.Parse(r.URL.Query(), binding)
 //	if err != nil { cursor.WriteError(w, r, err); return }
 //
-// Page mode (page.Keyset() false), with a total:
+// Page mode (page.After nil), with a total:
 //
 //	SELECT ... FROM t WHERE <filters>
 //	ORDER BY occurred_at DESC, id DESC
@@ -67,7 +67,7 @@
 //	                                        -- @cap = pager.CountLimit() = 10,001
 //	total, capped := pager.Total(count)     -- "total", "totalCapped"
 //
-// Cursor mode (page.Keyset() true), no total, the same cost at any depth:
+// Cursor mode (page.After set), no total, the same cost at any depth:
 //
 //	SELECT ... FROM t WHERE <filters>
 //	  AND (occurred_at, id) < (@at, @id)    -- page.After.At, page.After.ID

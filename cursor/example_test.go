@@ -21,7 +21,7 @@ func Example() {
 
 	// Page mode: ?page=3&size=20.
 	page, _ := pager.Parse(url.Values{"page": {"3"}, "size": {"20"}}, binding)
-	fmt.Println("keyset:", page.Keyset(), "LIMIT", page.Size, "OFFSET", page.Offset())
+	fmt.Println("keyset:", page.After != nil, "LIMIT", page.Size, "OFFSET", page.Offset())
 	// ... SELECT ... ORDER BY occurred_at DESC, id DESC LIMIT 20 OFFSET 40,
 	// which returned a full page whose last row is:
 	last := cursor.Position{At: time.Date(2026, 10, 13, 9, 30, 0, 123456000, time.UTC), ID: 4711}
@@ -29,7 +29,7 @@ func Example() {
 
 	// Cursor mode: ?after=<next>&size=20.
 	page, _ = pager.Parse(url.Values{"after": {next}, "size": {"20"}}, binding)
-	fmt.Println("keyset:", page.Keyset(), "after", page.After.At.Format(time.RFC3339Nano), page.After.ID)
+	fmt.Println("keyset:", page.After != nil, "after", page.After.At.Format(time.RFC3339Nano), page.After.ID)
 	// ... WHERE (occurred_at, id) < ($at, $id) ORDER BY occurred_at DESC, id DESC LIMIT 20
 
 	// The same cursor on another endpoint is refused.

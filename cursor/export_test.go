@@ -23,6 +23,10 @@ func NewRandomCodec() *Codec { return newRandomCodec() }
 
 func (c *Codec) Encode(binding string, p Position) string { return c.encode(binding, p) }
 
+// Encode is the cursor of pos for binding: the one Next returns for a full
+// page whose last row is pos.
+func (p *Pager) Encode(binding string, pos Position) string { return p.codec.encode(binding, pos) }
+
 func (c *Codec) Decode(binding, s string) (Position, error) { return c.decode(binding, s) }
 
 // Rules returns the rules in force, defaults filled in.

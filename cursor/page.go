@@ -113,9 +113,6 @@ type Page struct {
 	After *Position
 }
 
-// Keyset reports whether p is in cursor mode.
-func (p Page) Keyset() bool { return p.After != nil }
-
 // Offset is the OFFSET of page mode, (Number-1)*Size; 0 in cursor mode.
 func (p Page) Offset() int {
 	if p.Number < 1 {
@@ -251,8 +248,9 @@ func number(s string) (int, bool) {
 
 // Next returns the cursor that reads on after page, whose last row is last,
 // when page returned rows rows: the empty string when the page was not full
-// (no more rows can follow), else a cursor of last for binding. Page mode
-// returns one too, so a client reading past Limit switches to after.
+// (no more rows can follow), else a cursor of last for binding, last.At
+// kept to the microsecond, rounded down. Page mode returns one too, so a
+// client reading past Limit switches to after.
 func (p *Pager) Next(binding string, page Page, rows int, last Position) string {
 	if !page.full(rows) {
 		return ""
@@ -274,11 +272,6 @@ func (p *Pager) Total(count int64) (total int64, capped bool) {
 	}
 	return count, false
 }
-
-// Encode returns the cursor of pos for the query named by binding, the
-// cursor Next returns for a full page whose last row is pos. pos.At is kept
-// to the microsecond, rounded down.
-func (p *Pager) Encode(binding string, pos Position) string { return p.codec.encode(binding, pos) }
 
 // Binding names the query a cursor belongs to: the endpoint and its
 // canonical filters, e.g. Binding("event-history", url.Values{"type":

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
-	"github.com/pglimit/pglimit/middleware/inflight"
 	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
 	"github.com/pglimit/pglimit/ratelimit"
 )
@@ -34,6 +34,8 @@ const (
 	slugRate        = "too-many-requests"
 	slugInFlight    = "too-many-requests-in-flight"
 	slugHeavy       = "too-many-heavy-requests"
+	slugUploads     = "too-many-uploads"
+	slugSignIns     = "too-many-failed-sign-ins"
 	slugTimedOut    = "heavy-request-timed-out"
 	slugUnavailable = "database-unavailable"
 	slugInternal    = "internal-error"
@@ -49,13 +51,14 @@ const unavailableRetry = 5 * time.Second
 //
 //   - nil: OK;
 //   - a gRPC status error: itself;
-//   - a refusal (*ratelimit.LimitError, *inflight.LimitError,
-//     *heavy.LimitError): ResourceExhausted with ErrorInfo (domain
-//     "pglimit", reason the HTTP problem type slug: too-many-requests,
-//     too-many-requests-in-flight, too-many-heavy-requests), QuotaFailure
-//     (subject: the violated policy, or the scope — token, user,
-//     installation) and RetryInfo (the wait; none for a rate-limited call
-//     that can never pass);
+//   - a refusal (*ratelimit.LimitError, *limit.Refusal):
+//     ResourceExhausted with ErrorInfo (domain "pglimit", reason the HTTP
+//     problem type slug: too-many-requests, too-many-requests-in-flight,
+//     too-many-heavy-requests, too-many-uploads,
+//     too-many-failed-sign-ins), QuotaFailure (subject: the violated
+//     policy, or the scope — token, user, installation, username,
+//     address) and RetryInfo (the wait; none for a rate-limited call that
+//     can never pass);
 //   - heavy.ErrTimedOut: DeadlineExceeded, reason heavy-request-timed-out;
 //   - a call whose ctx was canceled, or pglimit.ClassCanceled: Canceled;
 //   - a call whose own deadline passed: DeadlineExceeded;
@@ -72,8 +75,7 @@ func Status(ctx context.Context, err error) *status.Status {
 	}
 	var (
 		rl *ratelimit.LimitError
-		fl *inflight.LimitError
-		hl *heavy.LimitError
+		lr *limit.Refusal
 	)
 	switch {
 	case errors.As(err, &rl):
@@ -89,18 +91,8 @@ func Status(ctx context.Context, err error) *status.Status {
 		return withDetails(codes.ResourceExhausted, msg, rl.RetryAfter, slugRate, map[string]string{
 			"limit_name": rl.Name, "limit": strconv.Itoa(rl.Limit), "violated_policies": strings.Join(rl.Violated, ","),
 		}, q)
-	case errors.As(err, &fl):
-		return withDetails(codes.ResourceExhausted,
-			fmt.Sprintf("in-flight limit %s: %d calls in flight already; retry when one ends", fl.Name, fl.Limit),
-			fl.RetryAfter, slugInFlight, map[string]string{"limit_name": fl.Name, "limit": strconv.Itoa(fl.Limit), "scope": "token"},
-			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-				Subject: "token", Description: fmt.Sprintf("%d calls in flight at once", fl.Limit)}}})
-	case errors.As(err, &hl):
-		return withDetails(codes.ResourceExhausted,
-			fmt.Sprintf("heavy endpoint %s: %s limit of %d reached; retry when one ends", hl.Name, hl.Scope, hl.Limit),
-			hl.RetryAfter, slugHeavy, map[string]string{"endpoint": hl.Name, "limit": strconv.Itoa(hl.Limit), "scope": string(hl.Scope)},
-			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-				Subject: string(hl.Scope), Description: fmt.Sprintf("%d %s calls at once", hl.Limit, hl.Name)}}})
+	case errors.As(err, &lr):
+		return refusalStatus(lr)
 	case errors.Is(err, heavy.ErrTimedOut):
 		b, _ := heavy.FromContext(ctx)
 		return timeBoundStatus(b)
@@ -113,6 +105,36 @@ func Status(ctx context.Context, err error) *status.Status {
 			unavailableRetry, slugUnavailable, nil)
 	}
 	return withDetails(codes.Internal, "the server could not complete the call; it has been logged", 0, slugInternal, nil)
+}
+
+// refusalStatus is the ResourceExhausted of a slot limiter's or the
+// sign-in throttle's refusal r, by its Kind.
+func refusalStatus(r *limit.Refusal) *status.Status {
+	capText := strconv.Itoa(r.Limit)
+	violation := func(desc string) *errdetails.QuotaFailure {
+		return &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: r.Scope, Description: desc}}}
+	}
+	switch r.Kind {
+	case "inflight":
+		return withDetails(codes.ResourceExhausted,
+			fmt.Sprintf("in-flight limit %s: %d calls in flight already; retry when one ends", r.Name, r.Limit),
+			r.RetryAfter, slugInFlight, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
+			violation(fmt.Sprintf("%d calls in flight at once", r.Limit)))
+	case "heavy":
+		return withDetails(codes.ResourceExhausted,
+			fmt.Sprintf("heavy endpoint %s: %s limit of %d reached; retry when one ends", r.Name, r.Scope, r.Limit),
+			r.RetryAfter, slugHeavy, map[string]string{"endpoint": r.Name, "limit": capText, "scope": r.Scope},
+			violation(fmt.Sprintf("%d %s calls at once", r.Limit, r.Name)))
+	case "upload":
+		return withDetails(codes.ResourceExhausted,
+			fmt.Sprintf("upload limit %s: %d uploads per %v already; retry when the oldest leaves the window", r.Name, r.Limit, r.Window),
+			r.RetryAfter, slugUploads, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
+			violation(fmt.Sprintf("%d uploads per %v", r.Limit, r.Window)))
+	}
+	return withDetails(codes.ResourceExhausted,
+		fmt.Sprintf("sign-in throttle %s: %d failed sign-ins of the %s; retry after the window", r.Name, r.Limit, r.Scope),
+		r.RetryAfter, slugSignIns, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
+		violation(fmt.Sprintf("%d failed sign-ins per %v", r.Limit, r.Window)))
 }
 
 // timeBoundStatus is the DeadlineExceeded of a heavy call stopped at its
@@ -175,14 +197,14 @@ func headerMD(h http.Header) metadata.MD {
 func refusalMD(err error) metadata.MD {
 	var (
 		rl *ratelimit.LimitError
-		hl *heavy.LimitError
+		hl *limit.Refusal
 	)
 	switch {
 	case errors.As(err, &rl):
 		h := http.Header{}
 		mratelimit.SetHeaders(h, rl.Policies)
 		return headerMD(h)
-	case errors.As(err, &hl):
+	case errors.As(err, &hl) && hl.Kind == "heavy":
 		w := &headerOnly{h: http.Header{}}
 		heavy.WriteError(w, refusalRequest, hl)
 		return headerMD(w.h)

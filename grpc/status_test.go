@@ -25,9 +25,12 @@ import (
 	"github.com/pglimit/pglimit/clientaddr"
 	pglimitgrpc "github.com/pglimit/pglimit/grpc"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/middleware/upload"
 	"github.com/pglimit/pglimit/ratelimit"
 )
 
@@ -35,9 +38,11 @@ var (
 	rateRefusal = &ratelimit.LimitError{Name: "api", Violated: []string{"per-tenant"}, Limit: 5, RetryAfter: 1500 * time.Millisecond, Cost: 1,
 		Policies: []ratelimit.PolicyState{{Policy: ratelimit.Policy{Name: "per-tenant", Limit: 5, Window: time.Minute, Burst: 10}}}}
 	rateNever     = &ratelimit.LimitError{Name: "api", Violated: []string{"per-tenant"}, Limit: 5, Cost: 20}
-	inflightRefus = &inflight.LimitError{Name: "in-flight", Limit: 8, RetryAfter: 90 * time.Second}
-	heavyRefusal  = &heavy.LimitError{Name: "sql-console", Limit: 2, Scope: heavy.ScopeUser, RetryAfter: 30 * time.Second}
-	heavyInstall  = &heavy.LimitError{Name: "sql-console", Limit: 4, Scope: heavy.ScopeInstallation, RetryAfter: 10 * time.Second}
+	inflightRefus = &limit.Refusal{Kind: "inflight", Name: "in-flight", Scope: "token", Limit: 8, RetryAfter: 90 * time.Second}
+	heavyRefusal  = &limit.Refusal{Kind: "heavy", Name: "sql-console", Scope: "user", Limit: 2, RetryAfter: 30 * time.Second}
+	heavyInstall  = &limit.Refusal{Kind: "heavy", Name: "sql-console", Scope: "installation", Limit: 4, RetryAfter: 10 * time.Second}
+	uploadRefusal = &limit.Refusal{Kind: "upload", Name: "uploads", Scope: "user", Limit: 5, Window: time.Hour, RetryAfter: 20 * time.Minute}
+	signInRefusal = &limit.Refusal{Kind: "signin", Name: "sign-in", Scope: "address", Limit: 20, Window: 15 * time.Minute, RetryAfter: 14 * time.Minute}
 )
 
 // TestStatusTable: each error a limiter's decision returns, as a gRPC
@@ -79,6 +84,10 @@ func TestStatusTable(t *testing.T) {
 			map[string]string{"endpoint": "sql-console", "limit": "2", "scope": "user"}}},
 		{"heavy refusal, installation", nil, heavyInstall, want{codes.ResourceExhausted, "too-many-heavy-requests", 10 * time.Second, []string{"installation"},
 			map[string]string{"endpoint": "sql-console", "limit": "4", "scope": "installation"}}},
+		{"upload refusal", nil, uploadRefusal, want{codes.ResourceExhausted, "too-many-uploads", 20 * time.Minute, []string{"user"},
+			map[string]string{"limit_name": "uploads", "limit": "5", "scope": "user"}}},
+		{"sign-in refusal", nil, signInRefusal, want{codes.ResourceExhausted, "too-many-failed-sign-ins", 14 * time.Minute, []string{"address"},
+			map[string]string{"limit_name": "sign-in", "limit": "20", "scope": "address"}}},
 		{"heavy time bound", bounded, fmt.Errorf("report: %w", heavy.ErrTimedOut), want{Code: codes.DeadlineExceeded, Reason: "heavy-request-timed-out",
 			Meta: map[string]string{"endpoint": "export", "bound": "TIME", "limit": "30s"}}},
 		{"client gone", nil, context.Canceled, want{Code: codes.Canceled}},
@@ -156,6 +165,8 @@ func TestSlugsMatchHTTP(t *testing.T) {
 		{"heavy installation", heavy.WriteError, heavyInstall},
 		{"heavy timed out", heavy.WriteError, heavy.ErrTimedOut},
 		{"heavy unavailable", heavy.WriteError, unavailable},
+		{"upload refusal", upload.WriteError, uploadRefusal},
+		{"sign-in refusal", signin.WriteError, signInRefusal},
 	} {
 		rec := httptest.NewRecorder()
 		tc.write(rec, httptest.NewRequestWithContext(bounded, "POST", "/x", nil), tc.err)

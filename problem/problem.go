@@ -73,9 +73,9 @@ type Details struct {
 	Header http.Header
 }
 
-// MarshalJSON writes the body Write sends: the standard members first,
-// then the extensions.
-func (d *Details) MarshalJSON() ([]byte, error) {
+// body is what Write sends: the standard members first, then the
+// extensions in name order.
+func (d *Details) body() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteByte('{')
 	write := func(k string, v any) error {
@@ -122,13 +122,13 @@ func (d *Details) MarshalJSON() ([]byte, error) {
 // Write sends d as the response: its status, its headers beside those the
 // response already has, and its body.
 func Write(w http.ResponseWriter, d *Details) {
-	body, err := json.Marshal(d)
+	body, err := d.body()
 	if err != nil {
 		// An extension that cannot be encoded is a programming error; the
 		// client still gets the problem, without extensions.
 		plain := *d
 		plain.Extensions = nil
-		body, _ = json.Marshal(&plain)
+		body, _ = plain.body()
 	}
 	h := w.Header()
 	for k, vs := range d.Header {

@@ -98,7 +98,7 @@ func TestBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged := foreign.Encode(cursor.Binding("audit-history", nil), cursor.Position{At: time.Now(), ID: 1})
+	forged := foreign.Next(cursor.Binding("audit-history", nil), cursor.Page{Size: 1}, 1, cursor.Position{At: time.Now(), ID: 1})
 	raw, err := base64.RawURLEncoding.DecodeString(audit)
 	if err != nil {
 		t.Fatal(err)

@@ -90,7 +90,7 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 }
 
 // Refused is a claim the scopes had no room for: the package makes its
-// LimitError of it.
+// *limit.Refusal of it.
 type Refused = permit.RefusedError
 
 // Claim claims c for key and counts the decision. On a refusal it returns
@@ -164,6 +164,18 @@ func (h Held) Release(ctx context.Context) error {
 		return nil
 	}
 	return h.lease.Release(ctx)
+}
+
+// NewPermit is the *limit.Permit (P) a slot limiter's Acquire returns:
+// of held, or, with held zero, of the refusal (a *limit.Refusal) a dry
+// run let through. (limit.Permit's fields are limit's own: package limit
+// makes it, through vocab.NewPermit.)
+func NewPermit[P any](held Held, refusal any) P {
+	var r vocab.Releaser
+	if held.lease != nil {
+		r = held
+	}
+	return vocab.NewPermit(r, refusal).(P)
 }
 
 // Grace is added to a request's longest life (heavy: an endpoint's time

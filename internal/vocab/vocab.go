@@ -56,10 +56,9 @@ func OrDefault[T ~int | ~int64](pkg, field string, v *T, def T) error {
 }
 
 // ErrLimited is matched (errors.Is) by every refusal of every limiter:
-// *heavy.LimitError, *inflight.LimitError, *upload.LimitError,
-// *signin.LimitError, *ratelimit.LimitError and *quota.LimitError. Use
-// errors.As with the package's LimitError for its fields (the limit, the
-// scope, when to retry).
+// *limit.Refusal (heavy, inflight, upload, signin),
+// *ratelimit.LimitError and *quota.LimitError. Use errors.As with that
+// type for its fields (the limit, the scope, when to retry).
 var ErrLimited = errors.New("pglimit: limit reached")
 
 // ErrInvalidCost is matched by the error of a cost the rate or the quota
@@ -150,3 +149,16 @@ func LogFailure(ctx context.Context, log *slog.Logger, msg string, err error, ar
 		log.ErrorContext(ctx, msg, args...)
 	}
 }
+
+// Releaser gives back what a claim holds: the held slot of a slot
+// limiter's Permit.
+type Releaser interface {
+	Release(ctx context.Context) error
+}
+
+// NewPermit returns the *limit.Permit of held (nil for a dry-run refusal)
+// and refusal (the *limit.Refusal a dry run let through, or nil): package
+// limit sets it when it is initialised, since the Permit's fields are its
+// own. The slot limiters import limit, so it is set before they run;
+// they call it through slots.NewPermit.
+var NewPermit func(held Releaser, refusal any) any

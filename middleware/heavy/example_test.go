@@ -2,6 +2,7 @@ package heavy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
@@ -96,13 +98,16 @@ func ExampleLimiter_Acquire() {
 	}
 	defer p.Release(ctx)
 	_, err = reports.Acquire(ctx, "reporting-job") // a second run of the same job, meanwhile
-	fmt.Println(err)
+	var refused *limit.Refusal
+	if errors.As(err, &refused) {
+		fmt.Println(refused.Kind, refused.Name, refused.Scope, refused.Limit, refused.RetryAfter > 0)
+	}
 
 	work, cancel := heavy.NewContext(ctx, reports.Bounds()) // ends at the time bound
 	defer cancel()
 	b, _ := heavy.FromContext(work)
 	fmt.Println(b.Endpoint, b.Time)
 	// Output:
-	// heavy: nightly-report: user limit of 1 reached
+	// heavy nightly-report user 1 true
 	// nightly-report 1m0s
 }

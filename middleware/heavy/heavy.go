@@ -35,7 +35,7 @@
 // # Responses
 //
 // Every response the Handler writes itself goes through Options.OnError,
-// WriteError by default: a refusal (*LimitError, 429), a database that
+// WriteError by default: a refusal (*limit.Refusal, 429), a database that
 // cannot be reached or did not answer within Options.Timeout (503
 // database-unavailable), anything else (500, the error logged through
 // Options.Logger, never sent). A client that went away gets nothing.
@@ -70,6 +70,7 @@ import (
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -83,14 +84,11 @@ const (
 	slugTimedOut = "heavy-request-timed-out"
 )
 
-// Scope says whose limit refused a request.
-type Scope string
-
+// The scopes of a heavy refusal (limit.Refusal.Scope): the key's own cap
+// on one endpoint, and the cap over all heavy requests of all replicas.
 const (
-	// ScopeUser is the key's own cap on one endpoint.
-	ScopeUser Scope = "user"
-	// ScopeInstallation is the cap over all heavy requests of all replicas.
-	ScopeInstallation Scope = "installation"
+	scopeUser         = "user"
+	scopeInstallation = "installation"
 )
 
 // Options configure a Limiter: one heavy endpoint.
@@ -125,7 +123,7 @@ type Options struct {
 	// Replica names this replica on its permits. Default host:pid.
 	Replica string
 	// OnError writes every response the Handler writes itself: a refusal
-	// (*LimitError) and a failed claim (the database unreachable or timed
+	// (*limit.Refusal) and a failed claim (the database unreachable or timed
 	// out, a client that went away, anything else). The Handler has logged
 	// a failure that is not a refusal before it calls OnError. Default:
 	// WriteError.
@@ -194,7 +192,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		opts.OnError = WriteError
 	}
 	core, err := slots.New(pool, slots.Config{Pkg: pkg, Name: opts.Name, Kind: permit.HeavyPermit,
-		Scopes: []string{string(ScopeUser), string(ScopeInstallation)}, Replica: opts.Replica, Timeout: opts.Timeout,
+		Scopes: []string{scopeUser, scopeInstallation}, Replica: opts.Replica, Timeout: opts.Timeout,
 		Logger: opts.Logger, MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
 	if err != nil {
 		return nil, err
@@ -209,51 +207,6 @@ const installationScope = "installation"
 // keyScope is the scope key of key's permits on the endpoint name.
 func keyScope(name, key string) string { return permit.ScopeKey("user", name, key) }
 
-// LimitError is a refused heavy request.
-type LimitError struct {
-	// Name is the endpoint's name (Options.Name): the problem's member
-	// endpoint.
-	Name string
-	// Limit is the cap that was reached.
-	Limit int
-	// Scope is whose cap it was.
-	Scope Scope
-	// RetryAfter is when the first running request of that scope reaches
-	// its time bound, at least one second: by then a permit is free.
-	RetryAfter time.Duration
-}
-
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("heavy: %s: %s limit of %d reached", e.Name, e.Scope, e.Limit)
-}
-
-// Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
-
-// Permit is a granted heavy request.
-type Permit struct {
-	held    slots.Held // none for a dry-run refusal
-	refusal *LimitError
-}
-
-// Refusal is, in dry run, the refusal this request would have had: it
-// holds no permit. Nil when the request fits.
-func (p *Permit) Refusal() *LimitError { return p.refusal }
-
-// Release gives both permits back, in one statement, and waits until the
-// database has them back, or ctx ends: work answered after it never holds
-// its permits on any replica. One that fails is logged, and the permits
-// then lapse on their own at the endpoint's Time + 30 s after the claim,
-// as they do when the process is killed before the release is sent; one
-// whose ctx ended goes on without the caller (Limiter.Flush waits for
-// it). It is safe to call more than once.
-func (p *Permit) Release(ctx context.Context) error {
-	if p == nil {
-		return nil
-	}
-	return p.held.Release(ctx)
-}
-
 // Flush waits until every permit released so far has reached the
 // database. Call it at shutdown, after the server stopped serving
 // (http.Server.Shutdown returned), so that no release is lost with the
@@ -261,30 +214,43 @@ func (p *Permit) Release(ctx context.Context) error {
 func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 
 // Acquire claims a permit of the endpoint for key, for callers that are not
-// HTTP handlers (a job runner, a CLI). It returns a *LimitError
-// (errors.Is pglimit.ErrLimited) when a cap is reached — in dry run a
-// Permit without a permit instead, whose Refusal says so; any other error
-// is the database's (pglimit.Classify) or ctx's. Release the permit when
-// the work ends, and bound the work with the endpoint's:
-// NewContext(ctx, l.Bounds()).
-func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+// HTTP handlers (a job runner, a CLI). It returns a *limit.Refusal
+// (errors.Is pglimit.ErrLimited; Kind "heavy", Scope "user" or
+// "installation") when a cap is reached — in dry run a Permit without a
+// permit instead, whose Refusal says so; any other error is the
+// database's (pglimit.Classify) or ctx's. Release gives both permits back,
+// in one statement; they lapse on their own at the endpoint's Time + 30 s
+// after the claim. Release the permit when the work ends, and bound the
+// work with the endpoint's: NewContext(ctx, l.Bounds()).
+func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
+	held, refusal, err := l.acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return slots.NewPermit[*limit.Permit](held, refusal), nil
+}
+
+// acquire claims the permits of key: held, or in dry run the refusal let
+// through; a refusal is the error otherwise.
+func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.Refusal, error) {
 	name := l.core.Name
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
-		Scopes: []permit.Scope{{Key: keyScope(name, key), Cap: l.limit, Kind: string(ScopeUser)},
-			{Key: installationScope, Cap: l.instCap, Kind: string(ScopeInstallation)}},
+		Scopes: []permit.Scope{{Key: keyScope(name, key), Cap: l.limit, Kind: scopeUser},
+			{Key: installationScope, Cap: l.instCap, Kind: scopeInstallation}},
 		Holder: key, Endpoint: name, Lease: l.time + grace,
 	})
 	switch {
 	case err != nil:
-		return nil, err
+		return slots.Held{}, nil, err
 	case refused == nil:
-		return &Permit{held: held}, nil
+		return held, nil, nil
 	}
-	le := &LimitError{Name: name, Limit: refused.Scope.Cap, Scope: Scope(refused.Scope.Kind), RetryAfter: slots.RetryAfter(refused, grace)}
+	le := &limit.Refusal{Kind: "heavy", Name: name, Scope: refused.Scope.Kind, Limit: refused.Scope.Cap,
+		RetryAfter: slots.RetryAfter(refused, grace)}
 	if !letThrough {
-		return nil, le
+		return slots.Held{}, nil, le
 	}
-	return &Permit{refusal: le}, nil
+	return slots.Held{}, le, nil
 }
 
 // Bounds are the bounds of the endpoint (its Deadline zero): work done
@@ -297,7 +263,7 @@ func (l *Limiter) bounds() Bounds { return Bounds{Endpoint: l.core.Name, Time: l
 // Handler serves next as the heavy endpoint: it claims the permits, runs
 // next with the time bound on its context and the Bounds in it, and
 // releases the permits when next returns, panics, or the client goes away,
-// before the answer completes (see Permit.Release). An unidentified
+// before the answer completes (see limit.Permit.Release). An unidentified
 // request runs under the bounds without a permit.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -308,34 +274,34 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
-		p, err := l.Acquire(r.Context(), key)
+		held, refusal, err := l.acquire(r.Context(), key)
 		if err != nil {
 			l.core.Failed(r.Context(), err)
 			l.onError(w, r, err)
 			return
 		}
-		if p.refusal != nil {
+		if refusal != nil {
 			// Dry run: the headers the refusal would have had, no permit.
-			addRateLimitHeaders(w.Header(), p.refusal)
+			addRateLimitHeaders(w.Header(), refusal)
 		}
 		// The answer completes once the permits are back (the answer wait (1 s)
 		// at most); a failed release is logged by the Leaser.
-		defer p.held.ReleaseWithin(r.Context())
+		defer held.ReleaseWithin(r.Context())
 		ctx, cancel := NewContext(r.Context(), l.bounds())
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
-// writeRefusal is the 429 of a *LimitError: problem+json naming endpoint,
-// limit and scope, with Retry-After and the RateLimit-Policy / RateLimit
-// headers (quota unit concurrent-requests).
-func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
+// writeRefusal is the 429 of a *limit.Refusal: problem+json naming
+// endpoint, limit and scope, with Retry-After and the RateLimit-Policy /
+// RateLimit headers (quota unit concurrent-requests).
+func writeRefusal(w http.ResponseWriter, r *http.Request, e *limit.Refusal) {
 	retry := retryafter.Seconds(e.RetryAfter)
 	h := http.Header{}
 	addRateLimitHeaders(h, e)
 	detail := fmt.Sprintf("You already run %d %s request(s) at once, your limit; retry when one ends.", e.Limit, e.Name)
-	if e.Scope == ScopeInstallation {
+	if e.Scope == scopeInstallation {
 		detail = fmt.Sprintf("The installation already runs %d heavy request(s) at once, its limit; retry when one ends.", e.Limit)
 	}
 	problem.Write(w, &problem.Details{
@@ -345,7 +311,7 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 		Detail:     detail,
 		Instance:   r.URL.Path,
 		RetryAfter: time.Duration(retry) * time.Second,
-		Extensions: map[string]any{"endpoint": e.Name, "limit": e.Limit, "scope": string(e.Scope)},
+		Extensions: map[string]any{"endpoint": e.Name, "limit": e.Limit, "scope": e.Scope},
 		Header:     h,
 	})
 }
@@ -353,9 +319,9 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *LimitError) {
 // addRateLimitHeaders adds the RateLimit-Policy and RateLimit fields of
 // the refusal e to h (added: the fields are lists, and an outer limit's
 // items stay beside these).
-func addRateLimitHeaders(h http.Header, e *LimitError) {
+func addRateLimitHeaders(h http.Header, e *limit.Refusal) {
 	policy := e.Name
-	if e.Scope == ScopeInstallation {
+	if e.Scope == scopeInstallation {
 		policy = "heavy-installation"
 	}
 	h.Add("RateLimit-Policy", fmt.Sprintf("%q;q=%d;qu=\"concurrent-requests\"", policy, e.Limit))

@@ -22,6 +22,7 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/activity"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
@@ -436,8 +437,8 @@ func TestAcquireOutsideHTTP(t *testing.T) {
 		t.Errorf("bounds %+v", b)
 	}
 	_, err = l.Acquire(ctx, "job")
-	var le *heavy.LimitError
-	if !errors.As(err, &le) || le.Scope != heavy.ScopeUser || le.Limit != 1 || !errors.Is(err, pglimit.ErrLimited) {
+	var le *limit.Refusal
+	if !errors.As(err, &le) || le.Scope != "user" || le.Limit != 1 || !errors.Is(err, pglimit.ErrLimited) {
 		t.Fatalf("second acquire: %v", err)
 	}
 	if err := p.Release(ctx); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/permit"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 )
 
@@ -37,11 +38,11 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var le *heavy.LimitError
-	if _, err := console.Acquire(ctx, "alice"); !errors.As(err, &le) || le.Scope != heavy.ScopeUser {
+	var le *limit.Refusal
+	if _, err := console.Acquire(ctx, "alice"); !errors.As(err, &le) || le.Scope != "user" {
 		t.Fatalf("second claim of alice: %v", err)
 	}
-	if _, err := export.Acquire(ctx, "bob"); !errors.As(err, &le) || le.Scope != heavy.ScopeInstallation {
+	if _, err := export.Acquire(ctx, "bob"); !errors.As(err, &le) || le.Scope != "installation" {
 		t.Fatalf("bob over an installation cap of 1: %v", err)
 	}
 	if err := p.Release(ctx); err != nil {
@@ -134,7 +135,7 @@ func TestDryRun(t *testing.T) {
 		t.Errorf("dry-run log: %q", logs.String())
 	}
 	p, err := l.Acquire(ctx, "alice")
-	if err != nil || p.Refusal() == nil || p.Refusal().Scope != heavy.ScopeUser || p.Release(ctx) != nil {
+	if err != nil || p.Refusal() == nil || p.Refusal().Scope != "user" || p.Release(ctx) != nil {
 		t.Fatalf("Acquire in dry run over the cap: %v; want a Permit carrying the refusal", err)
 	}
 	if err := held.Release(ctx); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/session"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -95,7 +96,7 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 // WriteError answers a failed heavy request; it is the default
 // Options.OnError, and a handler calls it for what Read and Stream return:
 //
-//   - *LimitError: 429 too-many-heavy-requests naming endpoint, limit and
+//   - *limit.Refusal: 429 too-many-heavy-requests naming endpoint, limit and
 //     scope, with Retry-After and the RateLimit-Policy / RateLimit headers;
 //   - ErrTimedOut: 503 heavy-request-timed-out with endpoint, bound TIME
 //     and limit (the request's Bounds, FromContext, when the error does
@@ -109,7 +110,7 @@ func Read(ctx context.Context, conn Beginner, fn func(pgx.Tx) error) error {
 // It logs nothing: log the error before you call it (the Handler does).
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var (
-		le *LimitError
+		le *limit.Refusal
 		te *timeoutError
 	)
 	switch {

@@ -29,13 +29,10 @@ type Mark struct {
 	Limit string
 }
 
-// Partial reports whether a bound stopped the export.
-func (m Mark) Partial() bool { return m.Bound != "" }
-
 // String is the export's last line: "#complete rows=N",
 // "#partial bound=ROWS limit=L rows=N" or "#partial bound=TIME limit=30s rows=N".
 func (m Mark) String() string {
-	if !m.Partial() {
+	if m.Bound == "" {
 		return fmt.Sprintf("#complete rows=%d", m.Rows)
 	}
 	return fmt.Sprintf("#partial bound=%s limit=%s rows=%d", m.Bound, m.Limit, m.Rows)

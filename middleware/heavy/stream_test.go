@@ -89,8 +89,8 @@ func TestStreamMarks(t *testing.T) {
 			if got := len(lines) - 1; got != mark.Rows || got < tc.minRows {
 				t.Fatalf("%d data lines, mark says %d rows, want at least %d", got, mark.Rows, tc.minRows)
 			}
-			if want := last != "#complete rows="+fmt.Sprint(mark.Rows); mark.Partial() != want {
-				t.Fatalf("Partial() = %v for %q", mark.Partial(), last)
+			if want := last != "#complete rows="+fmt.Sprint(mark.Rows); (mark.Bound != "") != want {
+				t.Fatalf("Bound %q for %q", mark.Bound, last)
 			}
 		})
 	}

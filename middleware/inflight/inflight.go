@@ -32,7 +32,7 @@
 // # Responses
 //
 // Every response the Handler writes itself goes through Options.OnError,
-// WriteError by default: a refusal (*LimitError, 429), a database that
+// WriteError by default: a refusal (*limit.Refusal, 429), a database that
 // cannot be reached or did not answer within Options.Timeout (503
 // database-unavailable), anything else (500, logged through
 // Options.Logger, never sent). A client that went away gets nothing.
@@ -114,6 +114,7 @@ import (
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -150,7 +151,7 @@ type Options struct {
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
 	// OnError writes every response the Handler writes itself: a refusal
-	// (*LimitError) and a failed claim. The Handler has logged a failure
+	// (*limit.Refusal) and a failed claim. The Handler has logged a failure
 	// that is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
 	// Logger receives failed claims and releases, and in dry run the
@@ -240,52 +241,6 @@ func TokenKey(raw string) string {
 	return "sha256:" + hex.EncodeToString(sum[:16])
 }
 
-// LimitError is a refused request.
-type LimitError struct {
-	// Name is the limit's name (Options.Name).
-	Name string
-	// Limit is the number of requests a token may have in flight.
-	Limit int
-	// RetryAfter is when the oldest request in flight reaches its maximum
-	// duration, at least one second: by then a slot is free (most free far
-	// sooner, when their request ends).
-	RetryAfter time.Duration
-}
-
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("inflight: %d requests in flight already; retry in %v", e.Limit, e.RetryAfter)
-}
-
-// Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
-
-// Permit is one request in flight.
-type Permit struct {
-	held    slots.Held // none for a dry-run refusal
-	refusal *LimitError
-}
-
-// Refusal is, in dry run, the refusal this request would have had: it
-// holds no slot. Nil when the request fits.
-func (p *Permit) Refusal() *LimitError { return p.refusal }
-
-// Release frees the slot and waits until the database has it back, or ctx
-// ends: a request answered after it never holds its slot on any replica.
-// With Options.Keep, the slot may instead stay kept by this replica for
-// the token's next request (see Kept slots): Release then returns at once.
-// The release leaves at once, in the Limiter's next round trip, shared
-// with the claims and releases made meanwhile. One that fails is logged,
-// and the slot then lapses on its own at MaxDuration + 30 s after the
-// claim, as it does when the process is killed before the release is
-// sent; one whose ctx ended goes on without the caller (Limiter.Flush
-// waits for it). It is safe to call more than once.
-func (p *Permit) Release(ctx context.Context) error {
-	if p == nil {
-		return nil
-	}
-	return p.held.Release(ctx)
-}
-
 // Flush waits until every slot released so far has reached the database.
 // Call it at shutdown, after the server stopped serving
 // (http.Server.Shutdown returned), so that no release is lost with the
@@ -298,37 +253,48 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
 
 // Acquire claims a slot of key, for callers that are not HTTP handlers. It
-// returns a *LimitError (errors.Is pglimit.ErrLimited) when key has Limit
-// requests in flight — in dry run a Permit without a slot instead, whose
-// Refusal says so; any other error is the database's
-// (pglimit.Classify) or ctx's. Release the permit when the work ends, and
-// end the work within MaxDuration.
-func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
-	return l.acquire(ctx, key, l.core.Name)
+// returns a *limit.Refusal (errors.Is pglimit.ErrLimited; Kind
+// "inflight", Scope "token") when key has Limit requests in flight — in
+// dry run a Permit without a slot instead, whose Refusal says so; any
+// other error is the database's (pglimit.Classify) or ctx's. Release the
+// permit when the work ends, and end the work within MaxDuration; with
+// Options.Keep, Release may keep the slot for the token's next request
+// (see Kept slots). The release leaves at once, in the Limiter's next
+// round trip, shared with the claims and releases made meanwhile; a slot
+// never released lapses at MaxDuration + 30 s after the claim.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
+	held, refusal, err := l.acquire(ctx, key, l.core.Name)
+	if err != nil {
+		return nil, err
+	}
+	return slots.NewPermit[*limit.Permit](held, refusal), nil
 }
 
-func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (*Permit, error) {
+// acquire claims a slot of key for endpoint: held, or in dry run the
+// refusal let through; a refusal is the error otherwise.
+func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (slots.Held, *limit.Refusal, error) {
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
 		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeToken}},
 		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
 	}, "cap", l.limit, "endpoint", endpoint)
 	switch {
 	case err != nil:
-		return nil, err
+		return slots.Held{}, nil, err
 	case refused == nil:
-		return &Permit{held: held}, nil
+		return held, nil, nil
 	}
-	le := &LimitError{Name: l.core.Name, Limit: l.limit, RetryAfter: slots.RetryAfter(refused, l.grace)}
+	le := &limit.Refusal{Kind: "inflight", Name: l.core.Name, Scope: scopeToken, Limit: l.limit,
+		RetryAfter: slots.RetryAfter(refused, l.grace)}
 	if !letThrough {
-		return nil, le
+		return slots.Held{}, nil, le
 	}
-	return &Permit{refusal: le}, nil
+	return slots.Held{}, le, nil
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot
 // (429 when the token has none free), runs next with its context ending at
 // MaxDuration, and releases the slot when next returns, panics, or the
-// client goes away, before the answer completes (see Permit.Release). An
+// client goes away, before the answer completes (see limit.Permit.Release). An
 // unidentified request passes to next as it is.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -337,13 +303,13 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		p, err := l.acquire(r.Context(), key, endpointOf(r))
+		held, _, err := l.acquire(r.Context(), key, endpointOf(r))
 		if err != nil {
 			l.core.Failed(r.Context(), err)
 			l.onError(w, r, err)
 			return
 		}
-		defer p.held.ReleaseWithin(r.Context())
+		defer held.ReleaseWithin(r.Context())
 		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -362,7 +328,7 @@ func endpointOf(r *http.Request) string {
 
 // WriteError answers a failed request; it is the default Options.OnError:
 //
-//   - *LimitError: 429 too-many-requests-in-flight with Retry-After and the
+//   - *limit.Refusal: 429 too-many-requests-in-flight with Retry-After and the
 //     members limit and retryAfter (seconds);
 //   - a database that cannot be reached or did not answer in time
 //     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
@@ -372,7 +338,7 @@ func endpointOf(r *http.Request) string {
 //
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *LimitError
+	var e *limit.Refusal
 	if !errors.As(err, &e) {
 		respond.Database(w, r, err)
 		return

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 
@@ -504,12 +505,12 @@ func TestAcquireAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = l.Acquire(ctx, "job-runner")
-	var le *inflight.LimitError
+	var le *limit.Refusal
 	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 		t.Fatalf("second acquire: %v", err)
 	}
 	if le.Limit != 1 || le.RetryAfter < 9*time.Second || le.RetryAfter > 10*time.Second {
-		t.Fatalf("LimitError %+v", le)
+		t.Fatalf("refusal %+v", le)
 	}
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/inflight"
 )
 
@@ -459,7 +460,7 @@ func TestKeptReleaseTwice(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var held []*inflight.Permit
+	var held []*limit.Permit
 	for range 2 {
 		p, err := l.Acquire(ctx, "twice")
 		if err != nil {

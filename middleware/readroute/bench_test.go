@@ -36,8 +36,7 @@ func BenchmarkHandler(b *testing.B) {
 		b.Fatal("not healthy")
 	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		_ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error { return nil })
-		if readroute.MayLag(req.Context()) {
+		if mayLag, _ := readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error { return nil }); mayLag {
 			w.WriteHeader(http.StatusOK)
 		}
 	})

@@ -45,14 +45,14 @@ func Example() {
 
 	events := router.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var n int
-		err := readroute.Read(r.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
+		mayLag, err := readroute.Read(r.Context(), func(pool *pgxpool.Pool, _ bool) error {
 			return pool.QueryRow(r.Context(), "SELECT 42").Scan(&n)
 		})
 		if err != nil {
 			http.Error(w, "unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"items": []int{n}, "mayLag": readroute.MayLag(r.Context())})
+		_ = json.NewEncoder(w).Encode(map[string]any{"items": []int{n}, "mayLag": mayLag})
 	}))
 
 	rec := httptest.NewRecorder()

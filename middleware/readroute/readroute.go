@@ -7,18 +7,18 @@
 // runs its read through Read and says in its response whether the replica
 // served it:
 //
-//	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
+//	mayLag, err := readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
 //		rows, err = queries.EventPage(ctx, pool, ...)
 //		return err
 //	})
 //	...
-//	json.NewEncoder(w).Encode(Response{Items: rows, MayLag: readroute.MayLag(ctx)})
+//	json.NewEncoder(w).Encode(Response{Items: rows, MayLag: mayLag})
 //
 // A replica sees committed data a little late, so a response it served
 // carries "mayLag": true, and the UI shows a short notice. With a heavy
 // endpoint's time bound, nest the bounded read inside Read:
 //
-//	err := readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
+//	mayLag, err := readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
 //		return heavy.Read(ctx, pool, func(tx pgx.Tx) error { ... })
 //	})
 //
@@ -275,7 +275,7 @@ func (r *Router) newContext(ctx context.Context) context.Context {
 }
 
 // Handler chooses the pool for each request of next, from memory, and
-// passes it in the request's context, where Read and MayLag find it. The
+// passes it in the request's context, where Read finds it. The
 // incoming request is not changed: next gets a copy.
 func (r *Router) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -288,13 +288,8 @@ func routeOf(ctx context.Context) *route {
 	return rt
 }
 
-// MayLag reports whether the replica served reads of the request of ctx:
-// put it in the response as "mayLag". False outside a wrapped request.
-func MayLag(ctx context.Context) bool {
-	rt := routeOf(ctx)
-	if rt == nil {
-		return false
-	}
+// mayLag reports whether the replica served a read of the request of rt.
+func (rt *route) mayLag() bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	return rt.lagged
@@ -311,13 +306,21 @@ var errNoRoute = errors.New("readroute: no read route in the context")
 // health check still succeeds. A read the replica canceled for a conflict
 // with recovery runs again on the primary too, leaving the replica
 // healthy. fn may therefore run twice; it must not have written to the
-// client before it returns an error. Outside a request wrapped by a
-// Router's Handler, Read runs nothing and returns an error.
-func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) error {
+// client before it returns an error. Read reports whether the replica
+// served a read of the request, this one or an earlier one: put it in the
+// response as "mayLag". Outside a request wrapped by a Router's Handler,
+// Read runs nothing and returns an error.
+func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) (mayLag bool, err error) {
 	rt := routeOf(ctx)
 	if rt == nil {
-		return errNoRoute
+		return false, errNoRoute
 	}
+	err = rt.read(ctx, fn)
+	return rt.mayLag(), err
+}
+
+// read runs fn on the pool of rt, falling back to the primary (Read).
+func (rt *route) read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) error {
 	rt.mu.Lock()
 	pool, replica := rt.pool, rt.replica
 	rt.mu.Unlock()
@@ -349,9 +352,7 @@ func Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) e
 // wrapped request, and falls back to the primary as the package-level Read
 // does. It reports whether the replica served the read.
 func (r *Router) Read(ctx context.Context, fn func(pool *pgxpool.Pool, mayLag bool) error) (mayLag bool, err error) {
-	ctx = r.newContext(ctx)
-	err = Read(ctx, fn)
-	return MayLag(ctx), err
+	return Read(r.newContext(ctx), fn)
 }
 
 // shouldFallBack reports whether a read that failed on the replica should

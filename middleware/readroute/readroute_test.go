@@ -35,14 +35,14 @@ type answer struct {
 func historyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var a answer
-		err := readroute.Read(r.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
+		var err error
+		a.MayLag, err = readroute.Read(r.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
 			return pool.QueryRow(r.Context(), `SELECT pg_is_in_recovery()`).Scan(&a.InRecovery)
 		})
 		if err != nil {
 			http.Error(w, "read failed", http.StatusServiceUnavailable)
 			return
 		}
-		a.MayLag = readroute.MayLag(r.Context())
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(a)
 	})
@@ -110,7 +110,7 @@ func TestNoReplicaReadsThePrimary(t *testing.T) {
 	var got *pgxpool.Pool
 	var lag bool
 	h := r.Handler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		_ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
+		_, _ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
 			got, lag = pool, mayLag
 			return nil
 		})
@@ -234,7 +234,7 @@ func TestReadRacesTheHealthCheck(t *testing.T) {
 	}
 	var calls []bool
 	code, a := get(t, r.Handler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		_ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
+		_, _ = readroute.Read(req.Context(), func(pool *pgxpool.Pool, mayLag bool) error {
 			calls = append(calls, mayLag)
 			return pool.Ping(req.Context())
 		})
@@ -458,13 +458,10 @@ func TestRunWithoutReplica(t *testing.T) {
 func TestOutsideARoute(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	if readroute.MayLag(ctx) {
-		t.Error("MayLag outside a route")
-	}
 	called := false
-	err := readroute.Read(ctx, func(*pgxpool.Pool, bool) error { called = true; return nil })
-	if !errors.Is(err, readroute.ErrNoRoute) || called {
-		t.Errorf("Read outside a route: %v, called %v", err, called)
+	lag, err := readroute.Read(ctx, func(*pgxpool.Pool, bool) error { called = true; return nil })
+	if !errors.Is(err, readroute.ErrNoRoute) || called || lag {
+		t.Errorf("Read outside a route: %v, called %v, mayLag %v", err, called, lag)
 	}
 	if _, err := readroute.New(nil, nil, readroute.Options{}); err == nil {
 		t.Error("New accepted a nil primary")
@@ -483,21 +480,22 @@ func TestOutsideARoute(t *testing.T) {
 	if req.Context() != before {
 		t.Error("Handler changed the incoming request's context")
 	}
-	// MayLag turns true only once a read on the replica has succeeded.
+	// mayLag turns true only once a read on the replica has succeeded, and
+	// stays true for the request's later reads.
 	replicaCtx := mustRouter(t, primary, primary, readroute.Options{Interval: time.Hour}).NewContext(ctx)
-	if readroute.MayLag(replicaCtx) {
-		t.Error("MayLag before anything was read")
-	}
 	failed := errors.New("a read that failed")
-	if err := readroute.Read(replicaCtx, func(*pgxpool.Pool, bool) error { return failed }); !errors.Is(err, failed) || readroute.MayLag(replicaCtx) {
-		t.Errorf("a failed read on the replica: %v, MayLag %v", err, readroute.MayLag(replicaCtx))
+	if lag, err := readroute.Read(replicaCtx, func(*pgxpool.Pool, bool) error { return failed }); !errors.Is(err, failed) || lag {
+		t.Errorf("a failed read on the replica: %v, mayLag %v", err, lag)
 	}
-	if err := readroute.Read(replicaCtx, func(_ *pgxpool.Pool, lag bool) error {
+	if lag, err := readroute.Read(replicaCtx, func(_ *pgxpool.Pool, lag bool) error {
 		if !lag {
 			return errors.New("not the replica")
 		}
 		return nil
-	}); err != nil || !readroute.MayLag(replicaCtx) {
-		t.Errorf("a read the replica served: %v, MayLag %v", err, readroute.MayLag(replicaCtx))
+	}); err != nil || !lag {
+		t.Errorf("a read the replica served: %v, mayLag %v", err, lag)
+	}
+	if lag, err := readroute.Read(replicaCtx, func(*pgxpool.Pool, bool) error { return failed }); !errors.Is(err, failed) || !lag {
+		t.Errorf("a failed read after one the replica served: %v, mayLag %v (want true: the request read the replica)", err, lag)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/signin"
 )
@@ -135,7 +136,7 @@ func TestAddressSprayBurst(t *testing.T) {
 //   - an outcome the handler reports explicitly (FromContext) reaches the
 //     address's throttle too;
 //   - a success from an address with no failures leaves it no row;
-//   - Acquire of an address key returns a *LimitError with Scope address;
+//   - Acquire of an address key returns a *limit.Refusal with Scope address;
 //     Reset of the address (as an operator types it) clears it.
 func TestTwoKeysScopesAndGiveBack(t *testing.T) {
 	t.Parallel()
@@ -246,7 +247,7 @@ func TestTwoKeysScopesAndGiveBack(t *testing.T) {
 	}
 
 	_, err := addr.Acquire(context.Background(), "address:192.0.2.1")
-	var le *signin.LimitError
+	var le *limit.Refusal
 	if !errors.As(err, &le) || le.Scope != "address" || le.Limit != 3 || le.Name != "sign-in-address" || !errors.Is(err, pglimit.ErrLimited) {
 		t.Errorf("Acquire of the throttled address: %v (%+v)", err, le)
 	}
@@ -333,7 +334,7 @@ func TestAddressResetSeenByEveryReplica(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		for i, l := range ls {
 			_, err := l.Acquire(ctx, key)
-			var le *signin.LimitError
+			var le *limit.Refusal
 			if !errors.As(err, &le) || le.Scope != "address" {
 				t.Fatalf("replica %d: %v, want the address throttled", i, err)
 			}

@@ -29,7 +29,7 @@
 // The address is checked (and, strict, reserved) first: a sign-in it
 // refuses never reaches the username's throttle, and a sign-in the
 // username's throttle refuses gives the address's attempt back. A refusal
-// names its scope (LimitError.Scope, the problem member scope: "username"
+// names its scope (limit.Refusal.Scope, the problem member scope: "username"
 // or "address"). A successful sign-in clears its username's failures but
 // not its address's (it gives back only its own attempt): otherwise an
 // attacker with one account of its own could reset its address's count by
@@ -110,7 +110,7 @@
 // # Responses
 //
 // Every response the Handler writes itself goes through Options.OnError,
-// WriteError by default: a throttled key (*LimitError, 429), a body larger
+// WriteError by default: a throttled key (*limit.Refusal, 429), a body larger
 // than MaxBodyBytes (413 sign-in-request-too-large), a body that cannot be
 // read or carries no key (400 invalid-sign-in-request), a database that cannot be reached or
 // timed out, or a failure that could not be recorded (503
@@ -154,6 +154,7 @@ import (
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/throttle"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -186,7 +187,7 @@ type Options struct {
 	// failures of one client address over every username, against
 	// password spraying; a successful sign-in gives back its own attempt
 	// and clears nothing else). It is the scope a refusal names
-	// (LimitError.Scope). Wrap an "address" Limiter around a "username"
+	// (limit.Refusal.Scope). Wrap an "address" Limiter around a "username"
 	// one (see the package documentation). Default "username".
 	Scope string
 	// Key returns the client key of a sign-in request. It is given a copy of
@@ -237,7 +238,7 @@ type Options struct {
 	// Default 5s.
 	Timeout time.Duration
 	// OnError writes every response the Handler writes itself: a throttled
-	// key (*LimitError), a body too large (*http.MaxBytesError) or
+	// key (*limit.Refusal), a body too large (*http.MaxBytesError) or
 	// unreadable (ErrUnreadable), a failed check, a failure that could not
 	// be recorded (ErrNotRecorded). The Handler has logged a failure that
 	// is not a refusal before it calls OnError. Default: WriteError.
@@ -273,7 +274,7 @@ type Options struct {
 	Exempt func(*http.Request) bool
 }
 
-// The scopes of Options.Scope and LimitError.Scope.
+// The scopes of Options.Scope and limit.Refusal.Scope.
 const (
 	scopeUsername = "username"
 	scopeAddress  = "address"
@@ -389,40 +390,9 @@ var (
 // sign-in-unavailable instead of the handler's 401.
 var ErrNotRecorded = errors.New("signin: the failed sign-in could not be recorded")
 
-// LimitError is a throttled sign-in.
-type LimitError struct {
-	// Name is the limit's name (Options.Name).
-	Name string
-	// Scope is what refused (Options.Scope): "username" (the username's
-	// failures) or "address" (the client address's, over every username).
-	Scope string
-	// Limit is the number of failures that throttles a key.
-	Limit int
-	// Failures is the key's failures in its window.
-	Failures int
-	// RetryAfter is when the window lapses, on the database clock, at least
-	// one second.
-	RetryAfter time.Duration
-}
-
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("signin: %d failed sign-ins of the %s (limit %d); retry in %v", e.Failures, e.scopeName(), e.Limit, e.RetryAfter)
-}
-
-// scopeName is Scope, "username" when it is empty.
-func (e *LimitError) scopeName() string {
-	if e.Scope == "" {
-		return scopeUsername
-	}
-	return e.Scope
-}
-
-// Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
-
-// limitError is the LimitError of the engine's refusal r.
-func (l *Limiter) limitError(r *throttle.Refused) *LimitError {
-	return &LimitError{Name: l.name, Scope: l.scope, Limit: l.max, Failures: r.Failures, RetryAfter: r.RetryAfter}
+// limitError is the *limit.Refusal of the engine's refusal r.
+func (l *Limiter) limitError(r *throttle.Refused) *limit.Refusal {
+	return &limit.Refusal{Kind: "signin", Name: l.name, Scope: l.scope, Limit: l.max, Window: l.window, RetryAfter: r.RetryAfter}
 }
 
 type outcome int
@@ -440,7 +410,7 @@ const (
 // use.
 type Permit struct {
 	attempt *throttle.Attempt // nil when exempt
-	refusal *LimitError       // dry run: the refusal the attempt would have had
+	refusal *limit.Refusal    // dry run: the refusal the attempt would have had
 	exempt  bool              // Options.Exempt exempted the request: nothing is counted
 	// outer is the Permit of the Limiter wrapped around this one's
 	// Handler (an address's around a username's): an outcome reported
@@ -453,7 +423,7 @@ type Permit struct {
 
 // Refusal is, in dry run, the refusal this sign-in would have had: the key
 // is throttled, and the attempt goes on unreserved. Nil when it fits.
-func (p *Permit) Refusal() *LimitError { return p.refusal }
+func (p *Permit) Refusal() *limit.Refusal { return p.refusal }
 
 // exempted reports whether Options.Exempt exempted this sign-in: the
 // Limiter counts none of its outcomes (a Limiter wrapped around it still
@@ -461,7 +431,8 @@ func (p *Permit) Refusal() *LimitError { return p.refusal }
 func (p *Permit) exempted() bool { return p != nil && p.exempt }
 
 // Acquire begins a sign-in attempt of key, for callers that are not HTTP
-// handlers. It returns a *LimitError (errors.Is pglimit.ErrLimited) when
+// handlers. It returns a *limit.Refusal (errors.Is pglimit.ErrLimited;
+// Kind "signin", Scope Options.Scope, Window Options.Window) when
 // the key is throttled; then the password must not be checked. (In dry run
 // it returns a Permit instead, whose Refusal says so: the attempt goes on.) Any other
 // error is the database's (pglimit.Classify tells a database that cannot
@@ -621,7 +592,7 @@ func newContext(ctx context.Context, p *Permit) context.Context {
 // WriteError answers a failed sign-in request; it is the default
 // Options.OnError:
 //
-//   - *LimitError: 429 too-many-failed-sign-ins with Retry-After and the
+//   - *limit.Refusal: 429 too-many-failed-sign-ins with Retry-After and the
 //     members limit, retryAfter (seconds) and scope ("username" or
 //     "address"), the same for every username, known or not;
 //   - *http.MaxBytesError: 413 sign-in-request-too-large;
@@ -635,7 +606,7 @@ func newContext(ctx context.Context, p *Permit) context.Context {
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var (
-		le       *LimitError
+		le       *limit.Refusal
 		tooLarge *http.MaxBytesError
 	)
 	switch {
@@ -643,7 +614,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		retry := retryafter.Seconds(le.RetryAfter)
 		detail := fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
 			le.Limit, retry)
-		if le.scopeName() == scopeAddress {
+		if le.Scope == scopeAddress {
 			detail = fmt.Sprintf("This client address had %d failed sign-ins over every username; every sign-in from it is refused, whatever the username and password, for %d more seconds.",
 				le.Limit, retry)
 		}
@@ -654,7 +625,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 			Detail:     detail,
 			Instance:   r.URL.Path,
 			RetryAfter: time.Duration(retry) * time.Second,
-			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry, "scope": le.scopeName()},
+			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry, "scope": le.Scope},
 		})
 	case errors.As(err, &tooLarge):
 		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",

@@ -27,6 +27,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/retryafter"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/signin"
 	"github.com/pglimit/pglimit/problem"
@@ -1034,12 +1035,12 @@ func TestNonHTTPAPI(t *testing.T) {
 				}
 			}
 			_, err := l.Acquire(ctx, key)
-			var le *signin.LimitError
+			var le *limit.Refusal
 			if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
-				t.Fatalf("third check: %v, want a *LimitError", err)
+				t.Fatalf("third check: %v, want a *limit.Refusal", err)
 			}
-			if le.Limit != 2 || le.Failures != 2 || le.RetryAfter <= 14*time.Minute || le.RetryAfter > 15*time.Minute {
-				t.Fatalf("LimitError %+v", le)
+			if le.Limit != 2 || le.Window != 15*time.Minute || le.Kind != "signin" || le.Scope != "username" || le.RetryAfter <= 14*time.Minute || le.RetryAfter > 15*time.Minute {
+				t.Fatalf("refusal %+v", le)
 			}
 			if _, err := l.Acquire(ctx, ""); !errors.Is(err, signin.ErrNoKey) {
 				t.Fatalf("empty key: %v", err)

@@ -34,7 +34,7 @@
 // # Responses
 //
 // Every response the Handler writes itself goes through Options.OnError,
-// WriteError by default: a refusal (*LimitError, 429), a database that
+// WriteError by default: a refusal (*limit.Refusal, 429), a database that
 // cannot be reached or did not answer within Options.Timeout (503
 // database-unavailable), anything else (500, logged through
 // Options.Logger, never sent). A client that went away gets nothing.
@@ -67,6 +67,7 @@ import (
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
@@ -99,7 +100,7 @@ type Options struct {
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
 	// OnError writes every response the Handler writes itself: a refusal
-	// (*LimitError) and a failed claim. The Handler has logged a failure
+	// (*limit.Refusal) and a failed claim. The Handler has logged a failure
 	// that is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
 	// Logger receives failed claims and failures to give a slot back, and
@@ -171,73 +172,44 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 // scopeOf is the scope key of key's slots in upload_window.
 func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
 
-// LimitError is a refused upload.
-type LimitError struct {
-	// Name is the limit's name (Options.Name).
-	Name string
-	// Limit is the number of uploads allowed in any window.
-	Limit int
-	// Window is the length of the rolling window.
-	Window time.Duration
-	// RetryAfter is when the oldest upload counted leaves the window, on
-	// the database clock, at least one second.
-	RetryAfter time.Duration
-}
-
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("upload: %d uploads in the window already; retry in %v", e.Limit, e.RetryAfter)
-}
-
-// Is reports whether target is pglimit.ErrLimited.
-func (e *LimitError) Is(target error) bool { return target == vocab.ErrLimited }
-
-// Permit is one upload counted in a key's window. Keeping it needs
-// nothing: it lapses on its own when it leaves the window.
-type Permit struct {
-	held    slots.Held // none for a dry-run refusal
-	refusal *LimitError
-}
-
-// Refusal is, in dry run, the refusal this upload would have had: it
-// holds no slot. Nil when the upload fits.
-func (p *Permit) Refusal() *LimitError { return p.refusal }
-
-// Release gives the slot back: the upload failed and must not count. It
-// waits until the database has it back, or ctx ends; a release that fails
-// is logged, and the slot then lapses with the window. One whose ctx ended
-// goes on without the caller (Limiter.Flush waits for it). It is safe to
-// call more than once.
-func (p *Permit) Release(ctx context.Context) error {
-	if p == nil {
-		return nil
-	}
-	return p.held.Release(ctx)
-}
-
 // Acquire counts an upload of key, for callers that are not HTTP handlers.
-// It returns a *LimitError (errors.Is pglimit.ErrLimited) when the key has
-// Limit uploads in the window already — in dry run a Permit without a slot
+// It returns a *limit.Refusal (errors.Is pglimit.ErrLimited; Kind
+// "upload", Scope "user", Window the window) when the key has Limit
+// uploads in the window already — in dry run a Permit without a slot
 // instead, whose Refusal says so; any other error is the database's
-// (pglimit.Classify) or ctx's. Release the permit if the upload fails.
-func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
+// (pglimit.Classify) or ctx's. Keeping the upload counted needs nothing:
+// its slot lapses on its own when it leaves the window. Release the
+// permit only if the upload fails and must not count.
+func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
+	held, refusal, err := l.acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return slots.NewPermit[*limit.Permit](held, refusal), nil
+}
+
+// acquire counts an upload of key: held, or in dry run the refusal let
+// through; a refusal is the error otherwise.
+func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.Refusal, error) {
 	held, refused, letThrough, err := l.core.Claim(ctx, key, permit.Claim{
 		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeUser}},
 		Holder: key, Endpoint: l.core.Name, Lease: l.window,
 	}, "cap", l.limit)
 	switch {
 	case err != nil:
-		return nil, err
+		return slots.Held{}, nil, err
 	case refused == nil:
-		return &Permit{held: held}, nil
+		return held, nil, nil
 	}
 	// The first lapse is measured from the statement's transaction start,
 	// which a claim committed just before it can follow by a few
 	// milliseconds: no upload counted lapses later than a window from now.
-	le := &LimitError{Name: l.core.Name, Limit: l.limit, Window: l.window, RetryAfter: min(slots.RetryAfter(refused, 0), l.window)}
+	le := &limit.Refusal{Kind: "upload", Name: l.core.Name, Scope: scopeUser, Limit: l.limit, Window: l.window,
+		RetryAfter: min(slots.RetryAfter(refused, 0), l.window)}
 	if !letThrough {
-		return nil, le
+		return slots.Held{}, nil, le
 	}
-	return &Permit{refusal: le}, nil
+	return slots.Held{}, le, nil
 }
 
 // Flush waits until every slot given back so far has reached the database.
@@ -256,7 +228,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		slot, err := l.Acquire(r.Context(), key)
+		slot, _, err := l.acquire(r.Context(), key)
 		if err != nil {
 			l.core.Failed(r.Context(), err)
 			l.onError(w, r, err)
@@ -277,7 +249,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			}
 			// The answer completes once the slot is back (the answer wait (1 s)
 			// at most); a failure is logged by the Leaser.
-			slot.held.ReleaseWithin(r.Context())
+			slot.ReleaseWithin(r.Context())
 		}()
 		next.ServeHTTP(sw, req)
 		// Only reached when next returned (no panic).
@@ -357,7 +329,7 @@ func formatWindow(d time.Duration) string {
 // WriteError answers a failed upload request; it is the default
 // Options.OnError:
 //
-//   - *LimitError: 429 too-many-uploads with Retry-After and the members
+//   - *limit.Refusal: 429 too-many-uploads with Retry-After and the members
 //     limit and retryAfter (seconds);
 //   - a database that cannot be reached or did not answer in time
 //     (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
@@ -367,7 +339,7 @@ func formatWindow(d time.Duration) string {
 //
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *LimitError
+	var e *limit.Refusal
 	if !errors.As(err, &e) {
 		respond.Database(w, r, err)
 		return

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/upload"
 )
@@ -605,12 +606,12 @@ func TestAcquireAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = l.Acquire(ctx, "frank")
-	var le *upload.LimitError
+	var le *limit.Refusal
 	if !errors.Is(err, pglimit.ErrLimited) || !errors.As(err, &le) {
 		t.Fatalf("second acquire: %v", err)
 	}
 	if le.Limit != 1 || le.Window != time.Hour || le.RetryAfter < 59*time.Minute || le.RetryAfter > time.Hour || le.Name != "uploads" {
-		t.Fatalf("LimitError %+v", le)
+		t.Fatalf("refusal %+v", le)
 	}
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit/cursor"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	"github.com/pglimit/pglimit/middleware/readroute"
@@ -130,7 +131,7 @@ func NoDBCases() ([]AllocCase, func(), error) {
 
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	routed := rr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = readroute.Read(r.Context(), func(*pgxpool.Pool, bool) error { return nil })
+		_, _ = readroute.Read(r.Context(), func(*pgxpool.Pool, bool) error { return nil })
 		w.WriteHeader(http.StatusOK)
 	}))
 	w := &sink{h: http.Header{}}
@@ -149,14 +150,14 @@ func NoDBCases() ([]AllocCase, func(), error) {
 	noName := body{bytes.NewReader([]byte(`{"password":"x"}`))}
 	post, _ := http.NewRequest(http.MethodPost, "/api/session", noName)
 	post.Header.Set("Content-Type", "application/json")
-	limitErr := &heavy.LimitError{Name: "sql-console", Limit: 2, Scope: heavy.ScopeUser, RetryAfter: 3 * time.Second}
+	limitErr := &limit.Refusal{Kind: "heavy", Name: "sql-console", Scope: "user", Limit: 2, RetryAfter: 3 * time.Second}
 	pos := cursor.Position{At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), ID: 123456}
-	q := map[string][]string{"after": {pager.Encode("bench", pos)}, "size": {"50"}}
+	q := map[string][]string{"after": {pager.Next("bench", cursor.Page{Size: 1}, 1, pos)}, "size": {"50"}}
 	ctx := context.Background()
 
 	return []AllocCase{
 		{Name: "heavy: unidentified (passes)", What: "heavy.Limiter.Handler, request without an identity: passes to next under the time bound, no permit", Run: serve(heavyH, get, http.StatusOK)},
-		{Name: "heavy: refusal writer (429)", What: "heavy.WriteError of a *LimitError: problem+json, Retry-After, RateLimit headers",
+		{Name: "heavy: refusal writer (429)", What: "heavy.WriteError of a *limit.Refusal: problem+json, Retry-After, RateLimit headers",
 			Run: func() {
 				w.reset()
 				heavy.WriteError(w, get, limitErr)

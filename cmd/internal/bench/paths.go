@@ -567,7 +567,7 @@ func (s *Suite) Pages(ctx context.Context) ([]Path, error) {
 			if err != nil || len(prev) != 1 {
 				return nil, fmt.Errorf("depth %d: %v", depth, err)
 			}
-			after = s.pager.Encode("bench", cursor.Position{At: prev[0].at, ID: prev[0].id})
+			after = s.pager.Next("bench", cursor.Page{Size: 1}, 1, cursor.Position{At: prev[0].at, ID: prev[0].id})
 		}
 		first, err := readPage(ctx, s.Pool, offsetPageSQL, 1, depth)
 		if err != nil || len(first) != 1 {
@@ -588,7 +588,7 @@ func (s *Suite) Pages(ctx context.Context) ([]Path, error) {
 							return err
 						}
 						var got []eventRow
-						if page.Keyset() {
+						if page.After != nil {
 							got, err = readPage(ctx, s.Pool, keysetPageSQL, page.After.At, page.After.ID, page.Size)
 						} else {
 							got, err = readPage(ctx, s.Pool, firstPageSQL, page.Size)

@@ -123,7 +123,7 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var bound *string
-	if mark.Partial() {
+	if mark.Bound != "" {
 		bound = &mark.Bound
 	}
 	body := res.finish(bound)

@@ -105,7 +105,7 @@ func (a *App) handleExport(w http.ResponseWriter, r *http.Request) {
 		_ = cw.Write([]string{"id", "occurred_at", "actor", "action", "target"})
 		return false
 	}
-	err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
+	_, err := readroute.Read(ctx, func(pool *pgxpool.Pool, mayLag bool) error {
 		lagging = mayLag
 		return heavy.Read(ctx, pool, func(tx pgx.Tx) error {
 			return a.streamExport(ctx, tx, from, to, b, &mark, cw, rc, start)
@@ -295,8 +295,8 @@ func (e *midStreamError) Error() string { return "export failed after rows were 
 // (reasonClientGone, ...) when it failed, which makes it partial.
 func (a *App) recordExport(ctx context.Context, from, to time.Time, m heavy.Mark, failed string) {
 	id, _ := IdentityFrom(ctx)
-	detail := map[string]any{"rows": m.Rows, "partial": m.Partial() || failed != ""}
-	if m.Partial() {
+	detail := map[string]any{"rows": m.Rows, "partial": m.Bound != "" || failed != ""}
+	if m.Bound != "" {
 		detail["bound"] = m.Bound
 		detail["limit"] = m.Limit
 	}

@@ -98,7 +98,7 @@ func (h history[T]) read(ctx context.Context, a *App, q historyQuery) (historyPa
 	)
 	lag, err := a.readBounded(ctx, func(tx pgx.Tx) error {
 		var err error
-		if q.page.Keyset() {
+		if q.page.After != nil {
 			items, err = h.after(ctx, tx, q.from, q.to, q.page.After.At, q.page.After.ID, int32(q.page.Size))
 			return err
 		}
@@ -115,7 +115,7 @@ func (h history[T]) read(ctx context.Context, a *App, q historyQuery) (historyPa
 	if resp.Items == nil {
 		resp.Items = []T{}
 	}
-	if !q.page.Keyset() {
+	if q.page.After == nil {
 		t, capped := a.pager.Total(int64(total))
 		resp.Total, resp.TotalCapped = &t, capped
 		if capped {

@@ -56,7 +56,7 @@ func (a *App) handleAuditPage(w http.ResponseWriter, r *http.Request) {
 		a.heavyError(w, r, err)
 		return
 	}
-	v := auditView{Items: resp.Items, Page: q.page.Number, Size: q.page.Size, Keyset: q.page.Keyset(), MayLag: resp.MayLag}
+	v := auditView{Items: resp.Items, Page: q.page.Number, Size: q.page.Size, Keyset: q.page.After != nil, MayLag: resp.MayLag}
 	if resp.Total != nil {
 		v.Total, v.Capped = *resp.Total, resp.TotalCapped
 	}

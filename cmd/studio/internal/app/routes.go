@@ -74,10 +74,9 @@ func (a *App) routes() http.Handler {
 // to the primary when the replica fails mid-request. It reports whether the
 // replica served the read.
 func (a *App) readBounded(ctx context.Context, fn func(tx pgx.Tx) error) (mayLag bool, err error) {
-	err = readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
+	return readroute.Read(ctx, func(pool *pgxpool.Pool, _ bool) error {
 		return heavy.Read(ctx, pool, fn)
 	})
-	return readroute.MayLag(ctx), err
 }
 
 // registered reports whether this replica's heartbeat in the registry is

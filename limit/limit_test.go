@@ -1,0 +1,83 @@
+package limit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/limit"
+)
+
+func TestRefusalError(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		r    limit.Refusal
+		want string
+	}{
+		{limit.Refusal{Kind: "heavy", Name: "sql-console", Scope: "installation", Limit: 4, RetryAfter: 10 * time.Second},
+			"heavy: sql-console: the installation limit of 4 is reached; retry in 10s"},
+		{limit.Refusal{Kind: "inflight", Name: "in-flight", Scope: "token", Limit: 8, RetryAfter: time.Second},
+			"inflight: in-flight: the token limit of 8 is reached; retry in 1s"},
+		{limit.Refusal{Kind: "upload", Name: "uploads", Scope: "user", Limit: 5, Window: time.Hour, RetryAfter: time.Minute},
+			"upload: uploads: the user limit of 5 per 1h0m0s is reached; retry in 1m0s"},
+		{limit.Refusal{Kind: "signin", Name: "sign-in", Scope: "address", Limit: 20, Window: 15 * time.Minute, RetryAfter: 14 * time.Minute},
+			"signin: sign-in: the address limit of 20 per 15m0s is reached; retry in 14m0s"},
+	} {
+		if got := tc.r.Error(); got != tc.want {
+			t.Errorf("Error() = %q, want %q", got, tc.want)
+		}
+	}
+}
+
+// TestRefusalMatchesErrLimited: a refusal, wrapped or not, matches
+// pglimit.ErrLimited and nothing else, and errors.As finds it.
+func TestRefusalMatchesErrLimited(t *testing.T) {
+	t.Parallel()
+	var err error = fmt.Errorf("export: %w", &limit.Refusal{Kind: "heavy", Name: "export", Scope: "user", Limit: 1})
+	if !errors.Is(err, pglimit.ErrLimited) {
+		t.Error("a wrapped refusal does not match pglimit.ErrLimited")
+	}
+	if errors.Is(err, pglimit.ErrSettled) || errors.Is(err, context.Canceled) {
+		t.Error("a refusal matches another sentinel")
+	}
+	var r *limit.Refusal
+	if !errors.As(err, &r) || r.Name != "export" {
+		t.Errorf("errors.As: %+v", r)
+	}
+}
+
+// TestNilPermit: Release and Refusal are safe on a nil Permit and on the
+// zero one (they hold nothing).
+func TestNilPermit(t *testing.T) {
+	t.Parallel()
+	var p *limit.Permit
+	if err := p.Release(context.Background()); err != nil {
+		t.Errorf("Release of a nil Permit: %v", err)
+	}
+	if p.Refusal() != nil {
+		t.Error("a nil Permit has a refusal")
+	}
+	if err := new(limit.Permit).Release(context.Background()); err != nil {
+		t.Errorf("Release of a zero Permit: %v", err)
+	}
+}
+
+// A refusal of any slot limiter or of the sign-in throttle says which
+// limit refused, whose scope, and when to retry.
+func ExampleRefusal() {
+	// What a heavy endpoint's Acquire returns when the user runs its limit
+	// of requests already (here made by hand).
+	var err error = &limit.Refusal{Kind: "heavy", Name: "sql-console", Scope: "user", Limit: 2, RetryAfter: 30 * time.Second}
+
+	var refused *limit.Refusal
+	if errors.As(err, &refused) {
+		fmt.Println(refused.Kind, refused.Name, refused.Scope, refused.Limit, refused.RetryAfter)
+	}
+	fmt.Println(errors.Is(err, pglimit.ErrLimited))
+	// Output:
+	// heavy sql-console user 2 30s
+	// true
+}
