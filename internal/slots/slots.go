@@ -166,16 +166,40 @@ func (h Held) Release(ctx context.Context) error {
 	return h.lease.Release(ctx)
 }
 
-// NewPermit is the *limit.Permit (P) a slot limiter's Acquire returns:
-// of held, or, with held zero, of the refusal (a *limit.Refusal) a dry
-// run let through. (limit.Permit's fields are limit's own: package limit
-// makes it, through vocab.NewPermit.)
-func NewPermit[P any](held Held, refusal any) P {
+// Outcome is what a slot limiter's acquire returns of a Claim's result:
+// the held slots when granted; in dry run, the refusal (refusal of the
+// Leaser's, R a *limit.Refusal) let through with nothing held; otherwise
+// the refusal, or the Claim's error, as the error.
+func Outcome[R error](held Held, refused *Refused, letThrough bool, err error, refusal func(*Refused) R) (Held, R, error) {
+	var none R
+	switch {
+	case err != nil:
+		return Held{}, none, err
+	case refused == nil:
+		return held, none, nil
+	}
+	r := refusal(refused)
+	if !letThrough {
+		return Held{}, none, r
+	}
+	return Held{}, r, nil
+}
+
+// NewPermit is what a slot limiter's Acquire returns of its acquire's
+// (Outcome's) result: err, or the *limit.Permit (P) of held, or, with
+// held zero, of the refusal (a *limit.Refusal) a dry run let through.
+// (limit.Permit's fields are limit's own: package limit makes it, through
+// vocab.NewPermit.)
+func NewPermit[P any](held Held, refusal any, err error) (P, error) {
+	if err != nil {
+		var none P
+		return none, err
+	}
 	var r vocab.Releaser
 	if held.lease != nil {
 		r = held
 	}
-	return vocab.NewPermit(r, refusal).(P)
+	return vocab.NewPermit(r, refusal).(P), nil
 }
 
 // Grace is added to a request's longest life (heavy: an endpoint's time

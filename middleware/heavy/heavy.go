@@ -223,11 +223,7 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 // after the claim. Release the permit when the work ends, and bound the
 // work with the endpoint's: NewContext(ctx, l.Bounds()).
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	held, refusal, err := l.acquire(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	return slots.NewPermit[*limit.Permit](held, refusal), nil
+	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key))
 }
 
 // acquire claims the permits of key: held, or in dry run the refusal let
@@ -239,18 +235,9 @@ func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.R
 			{Key: installationScope, Cap: l.instCap, Kind: scopeInstallation}},
 		Holder: key, Endpoint: name, Lease: l.time + grace,
 	})
-	switch {
-	case err != nil:
-		return slots.Held{}, nil, err
-	case refused == nil:
-		return held, nil, nil
-	}
-	le := &limit.Refusal{Kind: "heavy", Name: name, Scope: refused.Scope.Kind, Limit: refused.Scope.Cap,
-		RetryAfter: slots.RetryAfter(refused, grace)}
-	if !letThrough {
-		return slots.Held{}, nil, le
-	}
-	return slots.Held{}, le, nil
+	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
+		return &limit.Refusal{Kind: "heavy", Name: name, Scope: r.Scope.Kind, Limit: r.Scope.Cap, RetryAfter: slots.RetryAfter(r, grace)}
+	})
 }
 
 // Bounds are the bounds of the endpoint (its Deadline zero): work done

@@ -263,11 +263,7 @@ func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
 // round trip, shared with the claims and releases made meanwhile; a slot
 // never released lapses at MaxDuration + 30 s after the claim.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	held, refusal, err := l.acquire(ctx, key, l.core.Name)
-	if err != nil {
-		return nil, err
-	}
-	return slots.NewPermit[*limit.Permit](held, refusal), nil
+	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key, l.core.Name))
 }
 
 // acquire claims a slot of key for endpoint: held, or in dry run the
@@ -277,18 +273,9 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (slots.Held
 		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeToken}},
 		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
 	}, "cap", l.limit, "endpoint", endpoint)
-	switch {
-	case err != nil:
-		return slots.Held{}, nil, err
-	case refused == nil:
-		return held, nil, nil
-	}
-	le := &limit.Refusal{Kind: "inflight", Name: l.core.Name, Scope: scopeToken, Limit: l.limit,
-		RetryAfter: slots.RetryAfter(refused, l.grace)}
-	if !letThrough {
-		return slots.Held{}, nil, le
-	}
-	return slots.Held{}, le, nil
+	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
+		return &limit.Refusal{Kind: "inflight", Name: l.core.Name, Scope: scopeToken, Limit: l.limit, RetryAfter: slots.RetryAfter(r, l.grace)}
+	})
 }
 
 // Handler caps the requests to next in flight per token: it claims a slot

@@ -181,11 +181,7 @@ func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
 // its slot lapses on its own when it leaves the window. Release the
 // permit only if the upload fails and must not count.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	held, refusal, err := l.acquire(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	return slots.NewPermit[*limit.Permit](held, refusal), nil
+	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key))
 }
 
 // acquire counts an upload of key: held, or in dry run the refusal let
@@ -195,21 +191,14 @@ func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.R
 		Scopes: []permit.Scope{{Key: scopeOf(key), Cap: l.limit, Kind: scopeUser}},
 		Holder: key, Endpoint: l.core.Name, Lease: l.window,
 	}, "cap", l.limit)
-	switch {
-	case err != nil:
-		return slots.Held{}, nil, err
-	case refused == nil:
-		return held, nil, nil
-	}
-	// The first lapse is measured from the statement's transaction start,
-	// which a claim committed just before it can follow by a few
-	// milliseconds: no upload counted lapses later than a window from now.
-	le := &limit.Refusal{Kind: "upload", Name: l.core.Name, Scope: scopeUser, Limit: l.limit, Window: l.window,
-		RetryAfter: min(slots.RetryAfter(refused, 0), l.window)}
-	if !letThrough {
-		return slots.Held{}, nil, le
-	}
-	return slots.Held{}, le, nil
+	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
+		// The first lapse is measured from the statement's transaction
+		// start, which a claim committed just before it can follow by a few
+		// milliseconds: no upload counted lapses later than a window from
+		// now.
+		return &limit.Refusal{Kind: "upload", Name: l.core.Name, Scope: scopeUser, Limit: l.limit, Window: l.window,
+			RetryAfter: min(slots.RetryAfter(r, 0), l.window)}
+	})
 }
 
 // Flush waits until every slot given back so far has reached the database.
