@@ -130,11 +130,17 @@ func refusalStatus(r *limit.Refusal) *status.Status {
 			fmt.Sprintf("upload limit %s: %d uploads per %v already; retry when the oldest leaves the window", r.Name, r.Limit, r.Window),
 			r.RetryAfter, slugUploads, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
 			violation(fmt.Sprintf("%d uploads per %v", r.Limit, r.Window)))
+	case "signin":
+		return withDetails(codes.ResourceExhausted,
+			fmt.Sprintf("sign-in throttle %s: %d failed sign-ins of the %s; retry after the window", r.Name, r.Limit, r.Scope),
+			r.RetryAfter, slugSignIns, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
+			violation(fmt.Sprintf("%d failed sign-ins per %v", r.Limit, r.Window)))
 	}
-	return withDetails(codes.ResourceExhausted,
-		fmt.Sprintf("sign-in throttle %s: %d failed sign-ins of the %s; retry after the window", r.Name, r.Limit, r.Scope),
-		r.RetryAfter, slugSignIns, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
-		violation(fmt.Sprintf("%d failed sign-ins per %v", r.Limit, r.Window)))
+	// A kind this front does not know (a Refusal made by hand): the rate
+	// limit's reason, the most general.
+	return withDetails(codes.ResourceExhausted, fmt.Sprintf("%s limit %s reached; retry in %v", r.Kind, r.Name, r.RetryAfter),
+		r.RetryAfter, slugRate, map[string]string{"limit_name": r.Name, "limit": capText, "scope": r.Scope},
+		violation(fmt.Sprintf("a limit of %d", r.Limit)))
 }
 
 // timeBoundStatus is the DeadlineExceeded of a heavy call stopped at its

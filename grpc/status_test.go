@@ -88,6 +88,8 @@ func TestStatusTable(t *testing.T) {
 			map[string]string{"limit_name": "uploads", "limit": "5", "scope": "user"}}},
 		{"sign-in refusal", nil, signInRefusal, want{codes.ResourceExhausted, "too-many-failed-sign-ins", 14 * time.Minute, []string{"address"},
 			map[string]string{"limit_name": "sign-in", "limit": "20", "scope": "address"}}},
+		{"a refusal of a kind the front does not know", nil, &limit.Refusal{Kind: "custom", Name: "c", Scope: "user", Limit: 3, RetryAfter: time.Second},
+			want{codes.ResourceExhausted, "too-many-requests", time.Second, []string{"user"}, map[string]string{"limit_name": "c", "limit": "3", "scope": "user"}}},
 		{"heavy time bound", bounded, fmt.Errorf("report: %w", heavy.ErrTimedOut), want{Code: codes.DeadlineExceeded, Reason: "heavy-request-timed-out",
 			Meta: map[string]string{"endpoint": "export", "bound": "TIME", "limit": "30s"}}},
 		{"client gone", nil, context.Canceled, want{Code: codes.Canceled}},

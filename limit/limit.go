@@ -1,8 +1,10 @@
 // Package limit holds what the slot limiters (middleware/heavy,
 // middleware/inflight, middleware/upload) and the sign-in throttle
-// (middleware/signin) decide, the same two values for all four: a Permit
-// when the claim fits, and a *Refusal, the error of a claim that does not
-// (which kind of limit, whose scope, its limit and when to retry).
+// (middleware/signin) decide: a *Refusal, the error of a claim that does
+// not fit, the same for all four (which kind of limit, whose scope, its
+// limit and when to retry); and a Permit, what the slot limiters grant
+// (the sign-in throttle's own signin.Permit also takes the attempt's
+// outcome).
 //
 //	p, err := console.Acquire(ctx, user) // heavy, inflight or upload
 //	var refused *limit.Refusal
@@ -46,10 +48,11 @@ type Refusal struct {
 	// Window is the window an upload or sign-in limit counts in; 0 for a
 	// limit of requests at once.
 	Window time.Duration
-	// RetryAfter is when a retry can succeed, at least one second, on the
-	// database clock: when the first request of the scope reaches its
-	// time bound (heavy, inflight: most end far sooner), when the oldest
-	// upload leaves the window, when the sign-in window lapses.
+	// RetryAfter is when a retry can succeed, on the database clock, at
+	// least one second (or the whole Window, when that is shorter): when
+	// the first request of the scope reaches its time bound (heavy,
+	// inflight: most end far sooner), when the oldest upload leaves the
+	// window, when the sign-in window lapses.
 	RetryAfter time.Duration
 }
 
@@ -90,7 +93,8 @@ func (p *Permit) Refusal() *Refusal {
 	return p.refusal
 }
 
-// Release gives the slot back and waits until the database has it back,
+// Release gives the slot back (a heavy request's two permits, in one
+// statement) and waits until the database has it back,
 // or ctx ends: work answered after it never holds its slot on any replica.
 // Give it back when the work ends (heavy, inflight), or when the upload
 // failed and must not count (upload: a counted upload keeps its slot

@@ -2,13 +2,21 @@ package limit_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/limit"
+	"github.com/pglimit/pglimit/middleware/heavy"
+	"github.com/pglimit/pglimit/middleware/inflight"
+	"github.com/pglimit/pglimit/middleware/signin"
+	"github.com/pglimit/pglimit/middleware/upload"
 )
 
 func TestRefusalError(t *testing.T) {
@@ -80,4 +88,41 @@ func ExampleRefusal() {
 	// Output:
 	// heavy sql-console user 2 30s
 	// true
+}
+
+// TestWriteErrorAnswersItsOwnKind: each transport's WriteError answers a
+// refusal of its own kind with its 429, and one of another kind (passed to
+// the wrong OnError) as the server error it is, never as its own refusal.
+func TestWriteErrorAnswersItsOwnKind(t *testing.T) {
+	t.Parallel()
+	refusals := map[string]*limit.Refusal{
+		"heavy":    {Kind: "heavy", Name: "sql-console", Scope: "user", Limit: 2, RetryAfter: 30 * time.Second},
+		"inflight": {Kind: "inflight", Name: "in-flight", Scope: "token", Limit: 8, RetryAfter: time.Minute},
+		"upload":   {Kind: "upload", Name: "uploads", Scope: "user", Limit: 5, Window: time.Hour, RetryAfter: time.Minute},
+		"signin":   {Kind: "signin", Name: "sign-in", Scope: "username", Limit: 5, Window: 15 * time.Minute, RetryAfter: time.Minute},
+	}
+	writers := map[string]struct {
+		write func(http.ResponseWriter, *http.Request, error)
+		slug  string
+	}{
+		"heavy":    {heavy.WriteError, "too-many-heavy-requests"},
+		"inflight": {inflight.WriteError, "too-many-requests-in-flight"},
+		"upload":   {upload.WriteError, "too-many-uploads"},
+		"signin":   {signin.WriteError, "too-many-failed-sign-ins"},
+	}
+	for wk, w := range writers {
+		for rk, r := range refusals {
+			rec := httptest.NewRecorder()
+			w.write(rec, httptest.NewRequest(http.MethodPost, "/x", nil), fmt.Errorf("wrapped: %w", r))
+			var body struct{ Type string }
+			_ = json.Unmarshal(rec.Body.Bytes(), &body)
+			own := strings.HasSuffix(body.Type, ":"+w.slug)
+			switch {
+			case wk == rk && (rec.Code != http.StatusTooManyRequests || !own):
+				t.Errorf("%s.WriteError of its own refusal: %d %s", wk, rec.Code, body.Type)
+			case wk != rk && (rec.Code != http.StatusInternalServerError || own):
+				t.Errorf("%s.WriteError of a %s refusal: %d %s, want 500", wk, rk, rec.Code, body.Type)
+			}
+		}
+	}
 }

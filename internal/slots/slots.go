@@ -195,6 +195,9 @@ func NewPermit[P any](held Held, refusal any, err error) (P, error) {
 		var none P
 		return none, err
 	}
+	if vocab.NewPermit == nil {
+		panic("slots: package limit is not initialised (a slot limiter must import it)")
+	}
 	var r vocab.Releaser
 	if held.lease != nil {
 		r = held

@@ -91,6 +91,10 @@ const (
 	scopeInstallation = "installation"
 )
 
+// kindHeavy is the Kind of a heavy refusal: WriteError answers those
+// alone as 429 too-many-heavy-requests.
+const kindHeavy = "heavy"
+
 // Options configure a Limiter: one heavy endpoint.
 type Options struct {
 	// Name is the endpoint's name, e.g. "sql-console": the `endpoint`
@@ -216,11 +220,11 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 // Acquire claims a permit of the endpoint for key, for callers that are not
 // HTTP handlers (a job runner, a CLI). It returns a *limit.Refusal
 // (errors.Is pglimit.ErrLimited; Kind "heavy", Scope "user" or
-// "installation") when a cap is reached — in dry run a Permit without a
-// permit instead, whose Refusal says so; any other error is the
-// database's (pglimit.Classify) or ctx's. Release gives both permits back,
-// in one statement; they lapse on their own at the endpoint's Time + 30 s
-// after the claim. Release the permit when the work ends, and bound the
+// "installation") when a cap is reached — in dry run a Permit holding
+// none instead, whose Refusal says so; any other error is the database's
+// (pglimit.Classify) or ctx's. Release gives both permits back, in one
+// statement; permits never released lapse on their own at the endpoint's
+// Time + 30 s after the claim. Release the permit when the work ends, and bound the
 // work with the endpoint's: NewContext(ctx, l.Bounds()).
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
 	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key))
@@ -236,7 +240,7 @@ func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.R
 		Holder: key, Endpoint: name, Lease: l.time + grace,
 	})
 	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
-		return &limit.Refusal{Kind: "heavy", Name: name, Scope: r.Scope.Kind, Limit: r.Scope.Cap, RetryAfter: slots.RetryAfter(r, grace)}
+		return &limit.Refusal{Kind: kindHeavy, Name: name, Scope: r.Scope.Kind, Limit: r.Scope.Cap, RetryAfter: slots.RetryAfter(r, grace)}
 	})
 }
 

@@ -114,7 +114,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		te *timeoutError
 	)
 	switch {
-	case errors.As(err, &le):
+	case errors.As(err, &le) && le.Kind == kindHeavy:
 		writeRefusal(w, r, le)
 	case errors.Is(err, ErrTimedOut):
 		endpoint, limit := "", time.Duration(0)

@@ -183,6 +183,10 @@ type Options struct {
 // scopeToken is the kind of scope of every decision (attribute scope).
 const scopeToken = "token"
 
+// kindInflight is the Kind of an in-flight refusal: WriteError answers
+// those alone as 429 too-many-requests-in-flight.
+const kindInflight = "inflight"
+
 // Limiter caps requests in flight per token. It is safe for concurrent use.
 type Limiter struct {
 	core    *slots.Limiter
@@ -274,7 +278,7 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (slots.Held
 		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
 	}, "cap", l.limit, "endpoint", endpoint)
 	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
-		return &limit.Refusal{Kind: "inflight", Name: l.core.Name, Scope: scopeToken, Limit: l.limit, RetryAfter: slots.RetryAfter(r, l.grace)}
+		return &limit.Refusal{Kind: kindInflight, Name: l.core.Name, Scope: scopeToken, Limit: l.limit, RetryAfter: slots.RetryAfter(r, l.grace)}
 	})
 }
 
@@ -326,7 +330,7 @@ func endpointOf(r *http.Request) string {
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var e *limit.Refusal
-	if !errors.As(err, &e) {
+	if !errors.As(err, &e) || e.Kind != kindInflight {
 		respond.Database(w, r, err)
 		return
 	}

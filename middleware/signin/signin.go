@@ -274,6 +274,10 @@ type Options struct {
 	Exempt func(*http.Request) bool
 }
 
+// kindSignIn is the Kind of a sign-in refusal: WriteError answers those
+// alone as 429 too-many-failed-sign-ins.
+const kindSignIn = "signin"
+
 // The scopes of Options.Scope and limit.Refusal.Scope.
 const (
 	scopeUsername = "username"
@@ -392,7 +396,7 @@ var ErrNotRecorded = errors.New("signin: the failed sign-in could not be recorde
 
 // limitError is the *limit.Refusal of the engine's refusal r.
 func (l *Limiter) limitError(r *throttle.Refused) *limit.Refusal {
-	return &limit.Refusal{Kind: "signin", Name: l.name, Scope: l.scope, Limit: l.max, Window: l.window, RetryAfter: r.RetryAfter}
+	return &limit.Refusal{Kind: kindSignIn, Name: l.name, Scope: l.scope, Limit: l.max, Window: l.window, RetryAfter: r.RetryAfter}
 }
 
 type outcome int
@@ -422,8 +426,14 @@ type Permit struct {
 }
 
 // Refusal is, in dry run, the refusal this sign-in would have had: the key
-// is throttled, and the attempt goes on unreserved. Nil when it fits.
-func (p *Permit) Refusal() *limit.Refusal { return p.refusal }
+// is throttled, and the attempt goes on unreserved. Nil when it fits, and
+// on a nil Permit.
+func (p *Permit) Refusal() *limit.Refusal {
+	if p == nil {
+		return nil
+	}
+	return p.refusal
+}
 
 // exempted reports whether Options.Exempt exempted this sign-in: the
 // Limiter counts none of its outcomes (a Limiter wrapped around it still
@@ -610,7 +620,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		tooLarge *http.MaxBytesError
 	)
 	switch {
-	case errors.As(err, &le):
+	case errors.As(err, &le) && le.Kind == kindSignIn:
 		retry := retryafter.Seconds(le.RetryAfter)
 		detail := fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
 			le.Limit, retry)

@@ -124,6 +124,10 @@ type Options struct {
 // scopeUser is the kind of scope of every decision (attribute scope).
 const scopeUser = "user"
 
+// kindUpload is the Kind of an upload refusal: WriteError answers those
+// alone as 429 too-many-uploads.
+const kindUpload = "upload"
+
 // Limiter counts uploads. It is safe for concurrent use.
 type Limiter struct {
 	core    *slots.Limiter
@@ -196,7 +200,7 @@ func (l *Limiter) acquire(ctx context.Context, key string) (slots.Held, *limit.R
 		// start, which a claim committed just before it can follow by a few
 		// milliseconds: no upload counted lapses later than a window from
 		// now.
-		return &limit.Refusal{Kind: "upload", Name: l.core.Name, Scope: scopeUser, Limit: l.limit, Window: l.window,
+		return &limit.Refusal{Kind: kindUpload, Name: l.core.Name, Scope: scopeUser, Limit: l.limit, Window: l.window,
 			RetryAfter: min(slots.RetryAfter(r, 0), l.window)}
 	})
 }
@@ -329,7 +333,7 @@ func formatWindow(d time.Duration) string {
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var e *limit.Refusal
-	if !errors.As(err, &e) {
+	if !errors.As(err, &e) || e.Kind != kindUpload {
 		respond.Database(w, r, err)
 		return
 	}
