@@ -323,19 +323,9 @@ func (l *Limiter) charge(ctx context.Context, dbtx db.DBTX, tx pgx.Tx, key strin
 	start := time.Now()
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var row *db.QuotaUsageChargeRow
-	var err error
-	if l.durable {
-		var r *db.QuotaLedgerChargeRow
-		r, err = l.q.QuotaLedgerCharge(ctx, dbtx, &db.QuotaLedgerChargeParams{
-			Name: l.name, Key: key, Cost: cost, Quota: limit, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step(),
-		})
-		row = (*db.QuotaUsageChargeRow)(r)
-	} else {
-		row, err = l.q.QuotaUsageCharge(ctx, dbtx, &db.QuotaUsageChargeParams{
-			Name: l.name, Key: key, Cost: cost, Quota: limit, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step(),
-		})
-	}
+	row, err := l.chargeRow(ctx, dbtx, &db.QuotaUsageChargeParams{
+		Name: l.name, Key: key, Cost: cost, Quota: limit, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step(),
+	})
 	l.obs.Took(ctx, "charge", start)
 	if err != nil {
 		err = dberr.OwnTimeout(ctx, err)
@@ -388,21 +378,7 @@ func (p *Permit) Settle(ctx context.Context, actual int64) error {
 	}
 	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
-	var used int64
-	var err error
-	if l.durable {
-		var r *db.QuotaLedgerSettleRow
-		r, err = l.q.QuotaLedgerSettle(ctx, dbtx, &db.QuotaLedgerSettleParams{Name: l.name, Key: p.Key, PeriodStart: p.PeriodStart, Delta: delta})
-		if r != nil {
-			used = r.Used
-		}
-	} else {
-		var r *db.QuotaUsageSettleRow
-		r, err = l.q.QuotaUsageSettle(ctx, dbtx, &db.QuotaUsageSettleParams{Name: l.name, Key: p.Key, PeriodStart: p.PeriodStart, Delta: delta})
-		if r != nil {
-			used = r.Used
-		}
-	}
+	r, err := l.settleRow(ctx, dbtx, &db.QuotaUsageSettleParams{Name: l.name, Key: p.Key, PeriodStart: p.PeriodStart, Delta: delta})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // the period ended: its use no longer counts
 	}
@@ -410,7 +386,7 @@ func (p *Permit) Settle(ctx context.Context, actual int64) error {
 		return fmt.Errorf("quota %s: settle: %w", l.name, dberr.OwnTimeout(ctx, err))
 	}
 	p.Cost = actual
-	p.State = l.state(p.Key, used, p.PeriodStart, p.Reset, p.At)
+	p.State = l.state(p.Key, r.Used, p.PeriodStart, p.Reset, p.At)
 	return nil
 }
 
@@ -418,15 +394,7 @@ func (p *Permit) Settle(ctx context.Context, actual int64) error {
 func (l *Limiter) Peek(ctx context.Context, key string) (State, error) {
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var r *db.QuotaUsagePeekRow
-	var err error
-	if l.durable {
-		var lr *db.QuotaLedgerPeekRow
-		lr, err = l.q.QuotaLedgerPeek(ctx, l.pool, &db.QuotaLedgerPeekParams{Name: l.name, Key: key, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step()})
-		r = (*db.QuotaUsagePeekRow)(lr)
-	} else {
-		r, err = l.q.QuotaUsagePeek(ctx, l.pool, &db.QuotaUsagePeekParams{Name: l.name, Key: key, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step()})
-	}
+	r, err := l.peekRow(ctx, &db.QuotaUsagePeekParams{Name: l.name, Key: key, At: l.clock(), Zone: l.zone, Unit: l.period.String(), Step: l.period.step()})
 	if err != nil {
 		return State{}, fmt.Errorf("quota %s: peek: %w", l.name, dberr.OwnTimeout(ctx, err))
 	}
@@ -445,17 +413,7 @@ func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]State, err
 	}
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var rows []*db.QuotaUsageKeysRow
-	var err error
-	if l.durable {
-		var ledger []*db.QuotaLedgerKeysRow
-		ledger, err = l.q.QuotaLedgerKeys(ctx, l.pool, &db.QuotaLedgerKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
-		for _, r := range ledger {
-			rows = append(rows, (*db.QuotaUsageKeysRow)(r))
-		}
-	} else {
-		rows, err = l.q.QuotaUsageKeys(ctx, l.pool, &db.QuotaUsageKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
-	}
+	rows, err := l.keyRows(ctx, &db.QuotaUsageKeysParams{Name: l.name, After: after, Max: int32(max), At: l.clock(), Zone: l.zone, Unit: l.period.String()})
 	if err != nil {
 		return nil, fmt.Errorf("quota %s: keys: %w", l.name, dberr.OwnTimeout(ctx, err))
 	}
@@ -471,13 +429,7 @@ func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]State, err
 func (l *Limiter) Reset(ctx context.Context, key string) (bool, error) {
 	ctx, cancel := dberr.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var n int64
-	var err error
-	if l.durable {
-		n, err = l.q.QuotaLedgerReset(ctx, l.pool, &db.QuotaLedgerResetParams{Name: l.name, Key: key})
-	} else {
-		n, err = l.q.QuotaUsageReset(ctx, l.pool, &db.QuotaUsageResetParams{Name: l.name, Key: key})
-	}
+	n, err := l.resetRow(ctx, &db.QuotaUsageResetParams{Name: l.name, Key: key})
 	if err != nil {
 		return false, fmt.Errorf("quota %s: reset: %w", l.name, dberr.OwnTimeout(ctx, err))
 	}

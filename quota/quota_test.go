@@ -626,3 +626,57 @@ func TestOverridesGiveKeysTheirLimit(t *testing.T) {
 		t.Fatalf("admitted %v, want vip 5, plain 2, blocked 0", admitted)
 	}
 }
+
+// TestEachTableAlone: every operation of a Limiter — charge, settle, peek,
+// keys, reset — reads and writes its own table alone (quota_ledger with
+// Durable, quota_usage without), so a durable and an unlogged quota of the
+// same name never see each other's use.
+func TestEachTableAlone(t *testing.T) {
+	for _, durable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			pool := pgtest.Pool(t, pgtest.URL(t), 4)
+			ctx := context.Background()
+			l := newLimiter(t, pool, Options{Name: "exports", Limit: 10, Durable: durable})
+			other := newLimiter(t, pool, Options{Name: "exports", Limit: 10, Durable: !durable})
+			if _, err := l.AcquireN(ctx, "acme", 3); err != nil {
+				t.Fatal(err)
+			}
+			p, err := l.AcquireN(ctx, "globex", 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Settle(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if p.Used != 1 {
+				t.Fatalf("settled permit: used %d, want 1", p.Used)
+			}
+			if _, err := other.AcquireN(ctx, "acme", 9); err != nil {
+				t.Fatalf("the other table's quota is whole: %v", err)
+			}
+			keys, err := l.Keys(ctx, "", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, k := range keys {
+				got = append(got, fmt.Sprintf("%s=%d", k.Key, k.Used))
+			}
+			if want := "acme=3 globex=1"; strings.Join(got, " ") != want {
+				t.Fatalf("keys %v, want %s", got, want)
+			}
+			if had, err := l.Reset(ctx, "acme"); err != nil || !had {
+				t.Fatalf("reset: had %v, %v; want true", had, err)
+			}
+			if had, err := l.Reset(ctx, "acme"); err != nil || had {
+				t.Fatalf("second reset: had %v, %v; want false", had, err)
+			}
+			if st, err := l.Peek(ctx, "acme"); err != nil || st.Used != 0 {
+				t.Fatalf("after reset: used %d, %v; want 0", st.Used, err)
+			}
+			if st, err := other.Peek(ctx, "acme"); err != nil || st.Used != 9 {
+				t.Fatalf("the other table: used %d, %v; want 9", st.Used, err)
+			}
+		})
+	}
+}

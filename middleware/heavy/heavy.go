@@ -71,6 +71,7 @@ import (
 	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/internal/vocab"
 	"github.com/pglimit/pglimit/limit"
+	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -295,16 +296,13 @@ func writeRefusal(w http.ResponseWriter, r *http.Request, e *limit.Refusal) {
 	if e.Scope == scopeInstallation {
 		detail = fmt.Sprintf("The installation already runs %d heavy request(s) at once, its limit; retry when one ends.", e.Limit)
 	}
-	problem.Write(w, &problem.Details{
+	respond.TooMany(w, r, &problem.Details{
 		Slug:       slugTooMany,
 		Title:      "Too many heavy requests",
-		Status:     http.StatusTooManyRequests,
 		Detail:     detail,
-		Instance:   r.URL.Path,
-		RetryAfter: time.Duration(retry) * time.Second,
 		Extensions: map[string]any{"endpoint": e.Name, "limit": e.Limit, "scope": e.Scope},
 		Header:     h,
-	})
+	}, retry)
 }
 
 // addRateLimitHeaders adds the RateLimit-Policy and RateLimit fields of

@@ -329,19 +329,15 @@ func endpointOf(r *http.Request) string {
 //
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *limit.Refusal
-	if !errors.As(err, &e) || e.Kind != kindInflight {
-		respond.Database(w, r, err)
+	e := respond.Refusal(w, r, err, kindInflight)
+	if e == nil {
 		return
 	}
 	retry := retryafter.Seconds(e.RetryAfter)
-	problem.Write(w, &problem.Details{
+	respond.TooMany(w, r, &problem.Details{
 		Slug:       slugTooMany,
 		Title:      "Too many requests in flight",
-		Status:     http.StatusTooManyRequests,
 		Detail:     fmt.Sprintf("This token already has %d requests in flight, its limit; retry when one ends.", e.Limit),
-		Instance:   r.URL.Path,
-		RetryAfter: time.Duration(retry) * time.Second,
 		Extensions: map[string]any{"limit": e.Limit, "retryAfter": retry},
-	})
+	}, retry)
 }

@@ -628,15 +628,12 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 			detail = fmt.Sprintf("This client address had %d failed sign-ins over every username; every sign-in from it is refused, whatever the username and password, for %d more seconds.",
 				le.Limit, retry)
 		}
-		problem.Write(w, &problem.Details{
+		respond.TooMany(w, r, &problem.Details{
 			Slug:       slugTooMany,
 			Title:      "Too many failed sign-ins",
-			Status:     http.StatusTooManyRequests,
 			Detail:     detail,
-			Instance:   r.URL.Path,
-			RetryAfter: time.Duration(retry) * time.Second,
 			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry, "scope": le.Scope},
-		})
+		}, retry)
 	case errors.As(err, &tooLarge):
 		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",
 			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})

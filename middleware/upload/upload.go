@@ -332,20 +332,16 @@ func formatWindow(d time.Duration) string {
 //
 // It logs nothing: the Handler logs before it calls OnError.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *limit.Refusal
-	if !errors.As(err, &e) || e.Kind != kindUpload {
-		respond.Database(w, r, err)
+	e := respond.Refusal(w, r, err, kindUpload)
+	if e == nil {
 		return
 	}
 	retry := retryafter.Seconds(e.RetryAfter)
-	problem.Write(w, &problem.Details{
-		Slug:   slugTooMany,
-		Title:  "Too many uploads",
-		Status: http.StatusTooManyRequests,
+	respond.TooMany(w, r, &problem.Details{
+		Slug:  slugTooMany,
+		Title: "Too many uploads",
 		Detail: fmt.Sprintf("You made %d uploads in the last %s, your limit; the oldest of them leaves the window in %d seconds.",
 			e.Limit, formatWindow(e.Window), retry),
-		Instance:   r.URL.Path,
-		RetryAfter: time.Duration(retry) * time.Second,
 		Extensions: map[string]any{"limit": e.Limit, "retryAfter": retry},
-	})
+	}, retry)
 }

@@ -6,11 +6,13 @@ package respond
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/pglimit/pglimit/internal/vocab"
+	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/problem"
 )
 
@@ -67,4 +69,26 @@ func Database(w http.ResponseWriter, r *http.Request, err error) {
 // Log is vocab.LogFailure: err logged at the level its class deserves.
 func Log(ctx context.Context, log *slog.Logger, msg string, err error, args ...any) {
 	vocab.LogFailure(ctx, log, msg, err, args...)
+}
+
+// Refusal returns err's *limit.Refusal when it is one of kind, for the
+// WriteError of that kind's middleware to answer; any other err it answers
+// itself, as Database does, and returns nil.
+func Refusal(w http.ResponseWriter, r *http.Request, err error, kind string) *limit.Refusal {
+	var e *limit.Refusal
+	if errors.As(err, &e) && e.Kind == kind {
+		return e
+	}
+	Database(w, r, err)
+	return nil
+}
+
+// TooMany writes d as the 429 of a refusal: Status 429, Instance r's path
+// and a Retry-After of retry seconds (retryafter.Seconds of the refusal's
+// RetryAfter, which d's Detail and Extensions may also name).
+func TooMany(w http.ResponseWriter, r *http.Request, d *problem.Details, retry int) {
+	d.Status = http.StatusTooManyRequests
+	d.Instance = r.URL.Path
+	d.RetryAfter = time.Duration(retry) * time.Second
+	problem.Write(w, d)
 }
