@@ -163,83 +163,66 @@ func (h *Housekeeper) Run(ctx context.Context) error {
 // statement over all shards cannot skip locked rows.
 type sweeper func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error)
 
-// sweepers cover every limit table. The slot tables share one shape and
-// one statement (on their parent, pglimit.slot), which counts by kind: a
-// kind is its partition's name.
+// sweepers cover every limit table.
 var sweepers = []sweeper{
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
-		var rows []*db.SlotDeleteLapsedRow
-		var err error
-		if onShards {
-			var all []*db.SlotDeleteLapsedAllRow
-			all, err = q.SlotDeleteLapsedAll(ctx, tx)
-			for _, r := range all {
-				rows = append(rows, (*db.SlotDeleteLapsedRow)(r))
-			}
-		} else {
-			rows, err = q.SlotDeleteLapsed(ctx, tx, batch)
-		}
-		out := map[string]int64{}
-		for _, r := range rows {
-			out[r.Kind] = r.Deleted
-		}
-		return out, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
-		var n int64
-		var err error
-		if onShards {
-			n, err = q.LoginAttemptDeleteLapsedAll(ctx, tx)
-		} else {
-			n, err = q.LoginAttemptDeleteLapsed(ctx, tx, batch)
-		}
-		return map[string]int64{"login_attempt": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
-		n, err := q.ReplicaDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"replica": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
-		var n int64
-		var err error
-		if onShards {
-			n, err = q.APIRequestWindowDeleteLapsedAll(ctx, tx)
-		} else {
-			n, err = q.APIRequestWindowDeleteLapsed(ctx, tx, batch)
-		}
-		return map[string]int64{"api_request_window": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
-		n, err := q.RefusalMinuteDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"refusal_minute": n}, err
-	},
+	sweepSlots,
+	distributed("login_attempt", (*db.Queries).LoginAttemptDeleteLapsed, (*db.Queries).LoginAttemptDeleteLapsedAll),
+	batches("replica", (*db.Queries).ReplicaDeleteLapsed),
+	distributed("api_request_window", (*db.Queries).APIRequestWindowDeleteLapsed, (*db.Queries).APIRequestWindowDeleteLapsedAll),
+	batches("refusal_minute", (*db.Queries).RefusalMinuteDeleteLapsed),
 	// The calendar quotas' tables stay on the Citus coordinator: batches
 	// everywhere.
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
-		n, err := q.QuotaUsageDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"quota_usage": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
-		n, err := q.QuotaLedgerDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"quota_ledger": n}, err
-	},
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
-		var n int64
-		var err error
-		if onShards {
-			n, err = q.BanDeleteLapsedAll(ctx, tx)
-		} else {
-			n, err = q.BanDeleteLapsed(ctx, tx, batch)
-		}
-		return map[string]int64{"ban": n}, err
-	},
+	batches("quota_usage", (*db.Queries).QuotaUsageDeleteLapsed),
+	batches("quota_ledger", (*db.Queries).QuotaLedgerDeleteLapsed),
+	distributed("ban", (*db.Queries).BanDeleteLapsed, (*db.Queries).BanDeleteLapsedAll),
 	// The allow and deny lists stay on the Citus coordinator too: batches
 	// everywhere. A lapsed rule is in force nowhere already; deleting it
 	// tells no replica.
-	func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
-		n, err := q.AccessRuleDeleteLapsed(ctx, tx, batch)
-		return map[string]int64{"access_rule": n}, err
-	},
+	batches("access_rule", (*db.Queries).AccessRuleDeleteLapsed),
+}
+
+// sweepSlots sweeps the slot tables: one statement on their parent,
+// pglimit.slot, counted by kind (a kind is its partition's name).
+func sweepSlots(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+	var rows []*db.SlotDeleteLapsedRow
+	var err error
+	if onShards {
+		var all []*db.SlotDeleteLapsedAllRow
+		all, err = q.SlotDeleteLapsedAll(ctx, tx)
+		for _, r := range all {
+			rows = append(rows, (*db.SlotDeleteLapsedRow)(r))
+		}
+	} else {
+		rows, err = q.SlotDeleteLapsed(ctx, tx, batch)
+	}
+	out := map[string]int64{}
+	for _, r := range rows {
+		out[r.Kind] = r.Deleted
+	}
+	return out, err
+}
+
+// batches sweeps table with batched in batches, on Citus too (a table that
+// stays on the coordinator).
+func batches(table string, batched func(*db.Queries, context.Context, db.DBTX, int32) (int64, error)) sweeper {
+	return func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, _ bool) (map[string]int64, error) {
+		n, err := batched(q, ctx, tx, batch)
+		return map[string]int64{table: n}, err
+	}
+}
+
+// distributed sweeps table with batched in batches, or, on Citus, whole on
+// every shard with all.
+func distributed(table string, batched func(*db.Queries, context.Context, db.DBTX, int32) (int64, error),
+	all func(*db.Queries, context.Context, db.DBTX) (int64, error)) sweeper {
+	inBatches := batches(table, batched)
+	return func(ctx context.Context, tx pgx.Tx, q *db.Queries, batch int32, onShards bool) (map[string]int64, error) {
+		if !onShards {
+			return inBatches(ctx, tx, q, batch, onShards)
+		}
+		n, err := all(q, ctx, tx)
+		return map[string]int64{table: n}, err
+	}
 }
 
 // errLockTaken ends a sweep another replica is running.

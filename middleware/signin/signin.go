@@ -533,17 +533,28 @@ func (p *Permit) undecide() {
 // An error means the failure was not counted: fail the sign-in as if the
 // database could not be reached.
 func (p *Permit) Fail(ctx context.Context) error {
-	if p == nil || !p.decide(failed) {
+	return p.report(ctx, failed, (*throttle.Attempt).Fail, (*Permit).Fail)
+}
+
+// report reports the outcome o once: on this Limiter's attempt with
+// settle (nothing when exempt), then on the outer Permit with outer. A
+// failure whose write failed is undecided, so that it is not taken for
+// done; a success or release that failed stays decided.
+func (p *Permit) report(ctx context.Context, o outcome, settle func(*throttle.Attempt, context.Context) error,
+	outer func(*Permit, context.Context) error) error {
+	if p == nil || !p.decide(o) {
 		return nil
 	}
 	var err error
 	if p.attempt != nil {
-		if err = p.attempt.Fail(ctx); err != nil {
-			p.undecide()
+		if err = settle(p.attempt, ctx); err != nil {
+			if o == failed {
+				p.undecide()
+			}
 			err = fmt.Errorf("signin: %w", err)
 		}
 	}
-	return errors.Join(err, p.outer.Fail(ctx))
+	return errors.Join(err, outer(p.outer, ctx))
 }
 
 // Succeed clears the key's failures after a successful sign-in: one delete
@@ -553,16 +564,7 @@ func (p *Permit) Fail(ctx context.Context) error {
 // failures. An error leaves the failures counted (the safe direction); the
 // sign-in itself has succeeded.
 func (p *Permit) Succeed(ctx context.Context) error {
-	if p == nil || !p.decide(succeeded) {
-		return nil
-	}
-	var err error
-	if p.attempt != nil {
-		if err = p.attempt.Succeed(ctx); err != nil {
-			err = fmt.Errorf("signin: %w", err)
-		}
-	}
-	return errors.Join(err, p.outer.Succeed(ctx))
+	return p.report(ctx, succeeded, (*throttle.Attempt).Succeed, (*Permit).Succeed)
 }
 
 // Release ends the attempt as neither a failure nor a success: the request
@@ -572,16 +574,7 @@ func (p *Permit) Succeed(ctx context.Context) error {
 // safe to call after Fail or Succeed (it then does nothing), and more than
 // once.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil || !p.decide(released) {
-		return nil
-	}
-	var err error
-	if p.attempt != nil {
-		if err = p.attempt.Release(ctx); err != nil {
-			err = fmt.Errorf("signin: %w", err)
-		}
-	}
-	return errors.Join(err, p.outer.Release(ctx))
+	return p.report(ctx, released, (*throttle.Attempt).Release, (*Permit).Release)
 }
 
 type permitKey struct{}
