@@ -51,6 +51,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
+
+	"github.com/pglimit/pglimit/internal/tick"
 )
 
 // metricName is the counter every call that got its turn is counted in.
@@ -225,16 +227,10 @@ func (l *Limiter) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(l.refresh)
-	defer t.Stop()
-	for {
+	tick.Every(ctx, l.refresh, func(ctx context.Context) {
 		_ = l.Refresh(ctx) // logged; the share in use stays
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // Refresh reads the ready count now and adjusts every node's share when it

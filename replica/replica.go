@@ -42,6 +42,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/procname"
+	"github.com/pglimit/pglimit/internal/tick"
 )
 
 // defaultInterval is the heartbeat interval when Options.Interval is zero.
@@ -147,17 +148,11 @@ func (r *Registry) Run(ctx context.Context) error {
 	r.started = true
 	r.mu.Unlock()
 
-	t := time.NewTicker(r.interval)
-	defer t.Stop()
-	for {
+	tick.Every(ctx, r.interval, func(ctx context.Context) {
 		_ = r.heartbeat(ctx) // recorded and logged; the next tick tries again
-		select {
-		case <-ctx.Done():
-			r.stop(context.WithoutCancel(ctx))
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	r.stop(context.WithoutCancel(ctx))
+	return nil
 }
 
 // stop marks the row not ready, then deletes it, each statement bounded by

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/citus"
+	"github.com/pglimit/pglimit/internal/tick"
 )
 
 // Defaults of Options.
@@ -143,18 +144,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Housekeeper, error) {
 // returns nil, after the sweep under way (its statements are canceled with
 // ctx). A failed sweep is logged and the next interval tries again.
 func (h *Housekeeper) Run(ctx context.Context) error {
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	for {
+	tick.Every(ctx, h.interval, func(ctx context.Context) {
 		if _, err := h.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			h.log.WarnContext(ctx, "housekeeping: sweep failed; trying again next interval", "err", err)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // sweeper deletes at most batch lapsed rows of the tables it covers, in the

@@ -86,6 +86,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/session"
+	"github.com/pglimit/pglimit/internal/tick"
 	"github.com/pglimit/pglimit/internal/vocab"
 )
 
@@ -200,16 +201,8 @@ func (r *Router) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(r.interval)
-	defer t.Stop()
-	for {
-		r.check(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	tick.Every(ctx, r.interval, func(ctx context.Context) { r.check(ctx) })
+	return nil
 }
 
 // Check probes the replica now, as Run does, records the result and
