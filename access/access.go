@@ -57,6 +57,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/netaddr"
 )
 
 // List is a rule's list, and what Match found: None, Allow or Deny.
@@ -469,29 +470,14 @@ func validKind(k string) bool {
 	return true
 }
 
-// parsePrefix reads an address or a CIDR: host bits cleared, IPv4-mapped
-// IPv6 as IPv4.
+// parsePrefix reads an address or a CIDR (netaddr.ParsePrefix: host bits
+// cleared, IPv4-mapped IPv6 as IPv4); its error names the text, clipped.
 func parsePrefix(s string) (netip.Prefix, error) {
-	var p netip.Prefix
-	if strings.Contains(s, "/") {
-		var err error
-		if p, err = netip.ParsePrefix(s); err != nil {
-			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR (address/length, the length at most 32 for IPv4, 128 for IPv6)", clip(s))
-		}
-	} else {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("%q is not an IP address", clip(s))
-		}
-		p = netip.PrefixFrom(a, a.BitLen())
+	p, err := netaddr.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q %w", clip(s), err)
 	}
-	if a := p.Addr(); a.Is4In6() {
-		if p.Bits() < 96 {
-			return netip.Prefix{}, errors.New("an IPv4-mapped IPv6 prefix shorter than /96 mixes IPv4 and IPv6: give the IPv4 CIDR")
-		}
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p.Masked(), nil
+	return p, nil
 }
 
 // base is the origin of the lists' times: nanoseconds since it, on this

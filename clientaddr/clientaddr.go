@@ -32,6 +32,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/pglimit/pglimit/internal/netaddr"
 )
 
 // maxHops bounds the trusted hops read from the right of a forwarded list
@@ -108,45 +110,15 @@ func New(opts Options) (*Resolver, error) {
 		return nil, fmt.Errorf("clientaddr: Options.Header %q: want Forwarded, X-Forwarded-For or empty (both)", opts.Header)
 	}
 	for i, s := range opts.TrustedProxies {
-		p, err := parseTrusted(s)
+		// A CIDR (host bits dropped) or a single address; IPv4-mapped
+		// IPv6 is IPv4, as the addresses it is matched against are.
+		p, err := netaddr.ParsePrefix(s)
 		if err != nil {
-			return nil, fmt.Errorf("clientaddr: Options.TrustedProxies[%d] %q: %v", i, s, err)
+			return nil, fmt.Errorf("clientaddr: Options.TrustedProxies[%d] %q %w", i, s, err)
 		}
 		r.trusted = append(r.trusted, p)
 	}
 	return r, nil
-}
-
-// parseTrusted reads one trusted proxy entry: a CIDR (host bits are
-// dropped) or a single address. IPv4-mapped IPv6 is IPv4, as the addresses
-// it is matched against are.
-func parseTrusted(s string) (netip.Prefix, error) {
-	if s == "" {
-		return netip.Prefix{}, fmt.Errorf("empty")
-	}
-	if strings.Contains(s, "%") {
-		return netip.Prefix{}, fmt.Errorf("a zone is not allowed")
-	}
-	var p netip.Prefix
-	if strings.Contains(s, "/") {
-		var err error
-		if p, err = netip.ParsePrefix(s); err != nil {
-			return netip.Prefix{}, fmt.Errorf("not a CIDR")
-		}
-	} else {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("not an address or CIDR")
-		}
-		p = netip.PrefixFrom(a, a.BitLen())
-	}
-	if a := p.Addr(); a.Is4In6() {
-		if p.Bits() < 96 {
-			return netip.Prefix{}, fmt.Errorf("an IPv4-mapped prefix shorter than /96")
-		}
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p.Masked(), nil
 }
 
 // Key returns the key of the client behind peer, the transport's address
