@@ -337,12 +337,7 @@ func (c *Cluster) stop(mode string) error {
 	if err != nil {
 		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
 	}
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	scratch.AwaitExit(c.cmd.Process, c.done, 30*time.Second)
 	c.cmd, c.done = nil, nil
 	return err
 }

@@ -258,12 +258,7 @@ func (b *Bouncer) Stop() error {
 	b.stopOnce.Do(func() {
 		if b.cmd != nil {
 			_ = b.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-b.done:
-			case <-time.After(10 * time.Second):
-				_ = b.cmd.Process.Kill()
-				<-b.done
-			}
+			scratch.AwaitExit(b.cmd.Process, b.done, 10*time.Second)
 		}
 		_ = os.RemoveAll(b.dir)
 	})

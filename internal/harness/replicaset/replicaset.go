@@ -281,12 +281,7 @@ func (p *Proc) signal(sig syscall.Signal) {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	scratch.AwaitExit(cmd.Process, done, 20*time.Second)
 }
 
 // Running reports whether the process is alive.

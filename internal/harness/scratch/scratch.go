@@ -1,7 +1,7 @@
 // Package scratch is what the harness's throwaway servers (embedpg's
-// clusters, pgbouncer's poolers) share: a directory of their own that
-// names the process owning it, swept once that process is gone, and a free
-// loopback port.
+// clusters, pgbouncer's poolers, replicaset's replicas) share: a directory
+// of their own that names the process owning it, swept once that process
+// is gone, a free loopback port, and the wait for a process to exit.
 package scratch
 
 import (
@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // ownerFile names the pid of the process a directory belongs to.
@@ -91,4 +92,15 @@ func NotAsRoot(what string) (*syscall.Credential, error) {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// AwaitExit waits until done is closed (the process p has exited) for up
+// to grace, then kills p and waits on.
+func AwaitExit(p *os.Process, done <-chan struct{}, grace time.Duration) {
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = p.Kill()
+		<-done
+	}
 }
