@@ -279,11 +279,18 @@ func (l *Limiter) reserve(ctx context.Context, key string) (*Attempt, error) {
 	}
 }
 
-// writeCtx bounds a write of an outcome by the Limiter's Timeout; the write
-// outlives ctx's cancellation (a client that goes away still has its
-// failure counted).
-func (a *Attempt) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return dberr.WithTimeout(context.WithoutCancel(ctx), a.l.c.Timeout)
+// write runs the statements of an outcome, do, bounded by the Limiter's
+// Timeout and timed (observe.Record); they outlive ctx's cancellation (a
+// client that goes away still has its failure counted). Their error is
+// named what.
+func (a *Attempt) write(ctx context.Context, what string, do func(context.Context) error) error {
+	ctx, cancel := dberr.WithTimeout(context.WithoutCancel(ctx), a.l.c.Timeout)
+	defer cancel()
+	defer a.l.obs.Took(ctx, observe.Record, time.Now())
+	if err := do(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, dberr.OwnTimeout(ctx, err))
+	}
+	return nil
 }
 
 // Fail counts the attempt as a failed sign-in, in a statement of its own
@@ -293,15 +300,12 @@ func (a *Attempt) Fail(ctx context.Context) error {
 	if a.reserved {
 		return nil
 	}
-	ctx, cancel := a.writeCtx(ctx)
-	defer cancel()
-	defer a.l.obs.Took(ctx, observe.Record, time.Now())
-	if _, err := a.l.q.LoginAttemptRecordFailure(ctx, a.l.pool, &db.LoginAttemptRecordFailureParams{
-		Key: a.key, WindowMs: a.l.c.Window.Milliseconds(),
-	}); err != nil {
-		return fmt.Errorf("record failure: %w", dberr.OwnTimeout(ctx, err))
-	}
-	return nil
+	return a.write(ctx, "record failure", func(ctx context.Context) error {
+		_, err := a.l.q.LoginAttemptRecordFailure(ctx, a.l.pool, &db.LoginAttemptRecordFailureParams{
+			Key: a.key, WindowMs: a.l.c.Window.Milliseconds(),
+		})
+		return err
+	})
 }
 
 // Succeed clears the key's failures (one delete when it had any, or a
@@ -314,15 +318,13 @@ func (a *Attempt) Succeed(ctx context.Context) error {
 	if !a.reserved && a.prior == 0 {
 		return nil
 	}
-	ctx, cancel := a.writeCtx(ctx)
-	defer cancel()
-	defer a.l.obs.Took(ctx, observe.Record, time.Now())
-	had, err := a.l.q.LoginAttemptClear(ctx, a.l.pool, a.key)
-	if err != nil {
-		return fmt.Errorf("clear failures: %w", dberr.OwnTimeout(ctx, err))
-	}
-	a.l.notifyAfter(ctx, a.key, had)
-	return nil
+	return a.write(ctx, "clear failures", func(ctx context.Context) error {
+		had, err := a.l.q.LoginAttemptClear(ctx, a.l.pool, a.key)
+		if err == nil {
+			a.l.notifyAfter(ctx, a.key, had)
+		}
+		return err
+	})
 }
 
 // Release gives back a strict attempt's reservation (lenient: nothing is
@@ -331,23 +333,23 @@ func (a *Attempt) Release(ctx context.Context) error {
 	if !a.reserved {
 		return nil
 	}
-	ctx, cancel := a.writeCtx(ctx)
-	defer cancel()
-	defer a.l.obs.Took(ctx, observe.Record, time.Now())
-	left, err := a.l.q.LoginAttemptUnreserve(ctx, a.l.pool, a.key)
-	if err != nil {
-		return fmt.Errorf("give back reservation: %w", dberr.OwnTimeout(ctx, err))
-	}
-	if len(left) == 1 && left[0] == 0 {
-		// No failure left: the row goes (a row of none would list the key,
-		// every client address that signed in, until its window lapses).
-		if _, err := a.l.q.LoginAttemptDeleteEmpty(ctx, a.l.pool, a.key); err != nil {
-			a.l.log.WarnContext(ctx, "signin: deleting a row of no failures failed; it lapses with its window", "limit", a.l.c.Name, "err", err)
+	return a.write(ctx, "give back reservation", func(ctx context.Context) error {
+		left, err := a.l.q.LoginAttemptUnreserve(ctx, a.l.pool, a.key)
+		if err != nil {
+			return err
 		}
-	}
-	for i := range left {
-		left[i]++ // what it had before
-	}
-	a.l.notifyAfter(ctx, a.key, left)
-	return nil
+		if len(left) == 1 && left[0] == 0 {
+			// No failure left: the row goes (a row of none would list the
+			// key, every client address that signed in, until its window
+			// lapses).
+			if _, err := a.l.q.LoginAttemptDeleteEmpty(ctx, a.l.pool, a.key); err != nil {
+				a.l.log.WarnContext(ctx, "signin: deleting a row of no failures failed; it lapses with its window", "limit", a.l.c.Name, "err", err)
+			}
+		}
+		for i := range left {
+			left[i]++ // what it had before
+		}
+		a.l.notifyAfter(ctx, a.key, left)
+		return nil
+	})
 }
