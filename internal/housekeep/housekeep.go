@@ -21,12 +21,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/citus"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/tick"
 )
 
@@ -124,17 +124,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Housekeeper, error) {
 	if opts.Batch > 1_000_000 {
 		return nil, errors.New("housekeeping: Batch above 1000000")
 	}
-	if opts.MeterProvider == nil {
-		opts.MeterProvider = otel.GetMeterProvider()
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	counter, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/housekeeping").Int64Counter(MetricDeleted,
-		metric.WithDescription("Lapsed rows of the limit tables deleted by housekeeping."),
-		metric.WithUnit("{row}"))
+	counter, err := observe.Counter(opts.MeterProvider, "github.com/pglimit/pglimit/housekeeping", MetricDeleted,
+		"Lapsed rows of the limit tables deleted by housekeeping.", "{row}")
 	if err != nil {
-		return nil, fmt.Errorf("housekeeping: counter: %w", err)
+		return nil, fmt.Errorf("housekeeping: %w", err)
 	}
 	return &Housekeeper{pool: pool, q: db.New(), interval: opts.Interval, batch: int32(opts.Batch),
 		timeout: opts.Timeout, deleted: counter, log: opts.Logger}, nil

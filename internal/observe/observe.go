@@ -300,3 +300,18 @@ func (s *Sampled) Log(ctx context.Context, log *slog.Logger, level slog.Level, m
 	}
 	log.Log(ctx, level, msg, args...)
 }
+
+// Counter is the counter name of the meter scope from mp
+// (otel.GetMeterProvider() when nil), with its description and unit: the
+// one instrument of a part that is not a limit (housekeeping, the read
+// router).
+func Counter(mp metric.MeterProvider, scope, name, description, unit string) (metric.Int64Counter, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, err := mp.Meter(scope).Int64Counter(name, metric.WithDescription(description), metric.WithUnit(unit))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return c, nil
+}

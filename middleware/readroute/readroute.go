@@ -80,11 +80,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pglimit/pglimit/internal/dberr"
+	"github.com/pglimit/pglimit/internal/observe"
 	"github.com/pglimit/pglimit/internal/session"
 	"github.com/pglimit/pglimit/internal/tick"
 	"github.com/pglimit/pglimit/internal/vocab"
@@ -160,14 +160,10 @@ func New(primary, replica *pgxpool.Pool, opts Options) (*Router, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.MeterProvider == nil {
-		opts.MeterProvider = otel.GetMeterProvider()
-	}
-	reads, err := opts.MeterProvider.Meter("github.com/pglimit/pglimit/middleware/readroute").Int64Counter(metricReads,
-		metric.WithDescription("History reads run through readroute.Read, by the pool that served them."),
-		metric.WithUnit("{read}"))
+	reads, err := observe.Counter(opts.MeterProvider, "github.com/pglimit/pglimit/middleware/readroute", metricReads,
+		"History reads run through readroute.Read, by the pool that served them.", "{read}")
 	if err != nil {
-		return nil, fmt.Errorf("readroute: %s: %w", metricReads, err)
+		return nil, fmt.Errorf("readroute: %w", err)
 	}
 	targets := map[string]metric.AddOption{}
 	for _, t := range []string{targetReplica, targetPrimary, targetFallback} {

@@ -77,16 +77,24 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.run(ctx, "initdb", "-D", c.DataDir, "-U", "postgres", "-A", "trust",
+	if err := c.create(ctx, "initdb", "-D", c.DataDir, "-U", "postgres", "-A", "trust",
 		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"); err != nil {
-		c.removeDir()
-		return nil, err
-	}
-	if err := c.Restart(ctx); err != nil {
-		c.removeDir()
 		return nil, err
 	}
 	return c, nil
+}
+
+// create makes c's data directory with the program name and its args, then
+// starts the server; on an error the directory goes.
+func (c *Cluster) create(ctx context.Context, name string, args ...string) error {
+	err := c.run(ctx, name, args...)
+	if err == nil {
+		err = c.Restart(ctx)
+	}
+	if err != nil {
+		c.removeDir()
+	}
+	return err
 }
 
 // StartReplica makes a streaming read replica of c with pg_basebackup -R and
@@ -101,13 +109,8 @@ func (c *Cluster) StartReplica(ctx context.Context) (*Cluster, error) {
 		r.removeDir()
 		return nil, err
 	}
-	if err := r.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port),
+	if err := r.create(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port),
 		"-U", "postgres", "-D", r.DataDir, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
-		r.removeDir()
-		return nil, err
-	}
-	if err := r.Restart(ctx); err != nil {
-		r.removeDir()
 		return nil, err
 	}
 	return r, nil
