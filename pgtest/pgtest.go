@@ -50,7 +50,7 @@ type Migration struct {
 
 // Main runs the tests and then stops the throwaway server, if one was
 // started. Call it from TestMain.
-func Main(m *testing.M) { pgtest.Main(m) }
+func Main(m *testing.M) { pgtest.MainWithoutTurn(m) }
 
 // URL returns the URL of a fresh database for this test, migrated with
 // pglimit's schema and then migrations, in order. It is dropped when the

@@ -20,10 +20,10 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
-func TestMain(m *testing.M) {
-	defer replicaset.Cleanup()
-	pgtest.Main(m)
-}
+// TestMain runs the load checks alone on a shared server: three replicas
+// warm their pools full (85 connections measured), more than a default
+// max_connections of 100 leaves beside another package's tests.
+func TestMain(m *testing.M) { pgtest.MainAlone(m, replicaset.Cleanup) }
 
 var studioMigration = pgtest.Migration{FS: studioschema.FS(), Table: studioschema.VersionTable, LockID: studioschema.LockID}
 

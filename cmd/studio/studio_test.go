@@ -23,10 +23,7 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/replicaset"
 )
 
-func TestMain(m *testing.M) {
-	defer replicaset.Cleanup()
-	pgtest.Main(m)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, replicaset.Cleanup) }
 
 // studioMigration is the service's own schema, so a test database is
 // cloned with it already applied.

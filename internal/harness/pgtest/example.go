@@ -14,6 +14,7 @@ import (
 // after the tests it drops that database. The examples of one package run
 // one after another on that database: each uses keys of its own.
 func MainWithExampleDatabase(m *testing.M) {
+	endTurn := takeTurn(turnShared) // before DATABASE_URL names the example's database
 	tb := &exampleTB{}
 	url := EmptyURL(tb) // fixes the server first, from the environment as it was
 	if err := os.Setenv("DATABASE_URL", url); err != nil {
@@ -24,5 +25,6 @@ func MainWithExampleDatabase(m *testing.M) {
 	if stopServer != nil {
 		stopServer()
 	}
+	endTurn()
 	os.Exit(code)
 }

@@ -126,16 +126,35 @@ var (
 	stopServer func()
 )
 
-// Main runs the tests and then stops the throwaway server, if one was
-// started. Call it from TestMain.
-func Main(m *testing.M) {
+// Main runs the tests and then after, in order, and stops the throwaway
+// server, if one was started. Call it from TestMain. On a shared server
+// (TEST_DATABASE_URL, DATABASE_URL) the tests run in a turn of their own
+// (see takeTurn).
+func Main(m *testing.M, after ...func()) { run(m, turnShared, after) }
+
+// MainAlone is Main for a package whose tests open about as many
+// connections as a server takes (the load check: three replicas and their
+// full pools): on a shared server they run when no other test binary does,
+// and the others wait while they run.
+func MainAlone(m *testing.M, after ...func()) { run(m, turnAlone, after) }
+
+// MainWithoutTurn is Main without a turn: the public test kit's Main, for
+// an adopter's tests, whose connections are theirs to count.
+func MainWithoutTurn(m *testing.M) { run(m, turnNone, nil) }
+
+func run(m *testing.M, turn turnKind, after []func()) {
+	endTurn := takeTurn(turn)
 	code := m.Run()
+	for _, f := range after {
+		f()
+	}
 	if srv != nil {
 		srv.admin.Close()
 	}
 	if stopServer != nil {
 		stopServer()
 	}
+	endTurn()
 	os.Exit(code)
 }
 
@@ -163,10 +182,8 @@ func theServer(t TB) *server {
 }
 
 func findServer() (string, error) {
-	for _, name := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
-		if u := os.Getenv(name); u != "" {
-			return u, nil
-		}
+	if u := sharedServerURL(); u != "" {
+		return u, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
