@@ -46,54 +46,83 @@ const (
 
 // takeTurn waits for a turn on the shared server the environment names (with
 // turnAlone, for every turn) and returns what ends it (closing the
-// connection that holds it). Without a shared server, or when it cannot be
-// reached (the tests then say why), it takes none.
+// connection that holds it). A binary waiting for a turn holds no
+// connection, but for the one alone, which queues on the turns' locks one
+// after another. The wait counts against go test's
+// -timeout, whose kill (at the timeout plus a minute) runs from the
+// binary's start: with -p 2 (two cores) a binary waits at most for the one
+// other binary running, the longest of which (cmd/studio's) takes about
+// 4.5 minutes beside two CPU hogs. Without a shared server it takes no
+// turn; when the server cannot be reached for a minute, or refuses the
+// locks, it says so on stderr and takes none (the tests then say why).
 func takeTurn(kind turnKind) (end func()) {
 	u := sharedServerURL()
 	if u == "" || kind == turnNone {
 		return func() {}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
+	none := func(why string, err error) func() {
+		fmt.Fprintf(os.Stderr, "pgtest: the tests run without a turn on %s: %s: %v\n", redact(u), why, err)
 		return func() {}
 	}
-	end = func() { _ = conn.Close(context.Background()) }
-	var budget int
-	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int`).
-		Scan(&budget); err != nil {
-		return end
-	}
-	turns := max(1, (budget-turnMargin)/perBinary)
-	wait := context.Background() // a turn is waited for as long as it takes: go test's -timeout bounds it
-	if kind == turnAlone {
-		say := time.AfterFunc(time.Second, func() {
-			fmt.Fprintf(os.Stderr, "pgtest: waiting until no other test binary uses %s (this one opens about all its connections)\n", redact(u))
-		})
-		defer say.Stop()
-		for i := range turns {
-			if _, err := conn.Exec(wait, `SELECT pg_advisory_lock(hashtext($1), $2)`, turnClass, i); err != nil {
-				return end
+	start := time.Now()
+	connect := func() (*pgx.Conn, error) {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			conn, err := pgx.Connect(ctx, u)
+			cancel()
+			if err == nil || time.Since(start) > time.Minute {
+				return conn, err
 			}
+			time.Sleep(time.Second) // full (SQLSTATE 53300) or starting: try again
 		}
-		return end
 	}
+	wait := context.Background() // as long as it takes: see above
+	turns := 0
 	for said := false; ; {
+		conn, err := connect()
+		if err != nil {
+			return none("no connection", err)
+		}
+		end = func() { _ = conn.Close(context.Background()) }
+		if turns == 0 {
+			var budget int
+			if err := conn.QueryRow(wait, `SELECT current_setting('max_connections')::int
+				- current_setting('superuser_reserved_connections')::int
+				- coalesce(current_setting('reserved_connections', true)::int, 0)`).Scan(&budget); err != nil {
+				end()
+				return none("reading max_connections", err)
+			}
+			turns = max(1, (budget-turnMargin)/perBinary)
+		}
+		if kind == turnAlone {
+			say := time.AfterFunc(time.Second, func() {
+				fmt.Fprintf(os.Stderr, "pgtest: waiting until no other test binary uses %s (this one opens about all its connections)\n", redact(u))
+			})
+			defer say.Stop()
+			for i := range turns {
+				if _, err := conn.Exec(wait, `SELECT pg_advisory_lock(hashtext($1), $2)`, turnClass, i); err != nil {
+					end()
+					return none("taking every turn", err)
+				}
+			}
+			return end
+		}
 		for i := range turns {
 			var got bool
 			if err := conn.QueryRow(wait, `SELECT pg_try_advisory_lock(hashtext($1), $2)`, turnClass, i).Scan(&got); err != nil {
-				return end
+				end()
+				return none("taking a turn", err)
 			}
 			if got {
 				return end
 			}
 		}
+		end() // no connection held while waiting
 		if !said {
 			fmt.Fprintf(os.Stderr, "pgtest: %d test binaries already use %s, all it has connections for; waiting for a turn\n", turns, redact(u))
 			said = true
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package respond answers and logs, the same way in every middleware, the
-// errors of a decision that are not the middleware's own refusal: a
-// database that cannot be reached or did not answer in time (503), a
-// client that went away (nothing), anything else (500, no internal text).
+// errors of a decision: the middleware's own refusal (Refusal picks it
+// out, TooMany writes its 429), a database that cannot be reached or did
+// not answer in time (503), a client that went away (nothing), anything
+// else (500, no internal text).
 package respond
 
 import (
