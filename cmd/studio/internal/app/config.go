@@ -36,15 +36,19 @@ type Config struct {
 	SQLConsoleCap  int
 	SQLConsoleTime time.Duration
 	SQLConsoleRows int
-	ExportCap      int
-	ExportTime     time.Duration
-	ExportRows     int
-	HistoryCap     int
-	HistoryTime    time.Duration
-	HistoryRows    int
-	FlowCap        int
-	FlowTime       time.Duration
-	FlowRows       int
+	// SQLConsoleTempFileLimit and SQLConsoleWorkMem are set on every
+	// console role (temp_file_limit, work_mem), with parallel workers off.
+	SQLConsoleTempFileLimit string
+	SQLConsoleWorkMem       string
+	ExportCap               int
+	ExportTime              time.Duration
+	ExportRows              int
+	HistoryCap              int
+	HistoryTime             time.Duration
+	HistoryRows             int
+	FlowCap                 int
+	FlowTime                time.Duration
+	FlowRows                int
 
 	SignInFailures int
 	SignInWindow   time.Duration
@@ -52,16 +56,20 @@ type Config struct {
 	// SignInAddressFailures are the failed sign-ins per client address per
 	// SignInWindow, over every username; 0: off.
 	SignInAddressFailures int
-	UploadsPerHour        int
-	UploadWindow          time.Duration
-	MaxUploadBytes        int64
-	TokenInFlight         int
-	TokenInFlightKeep     time.Duration // how long a replica keeps a token's in-flight slot after its request; 0: off
-	MaxRequestTime        time.Duration
-	APIRate               Rate // requests per user (all its tokens) over /api/ but POST /api/session; Limit 0: off
-	APIBurst              int
-	APIBorrow             bool
-	DryRun                DryRun // limits that decide, count and log but refuse nobody
+	// SignInUsernameFailures are the failed sign-ins per username per
+	// SignInWindow over every client address, of clients without the
+	// username's device cookie; 0: off.
+	SignInUsernameFailures int
+	UploadsPerHour         int
+	UploadWindow           time.Duration
+	MaxUploadBytes         int64
+	TokenInFlight          int
+	TokenInFlightKeep      time.Duration // how long a replica keeps a token's in-flight slot after its request; 0: off
+	MaxRequestTime         time.Duration
+	APIRate                Rate // requests per user (all its tokens) over /api/ but POST /api/session; Limit 0: off
+	APIBurst               int
+	APIBorrow              bool
+	DryRun                 DryRun // limits that decide, count and log but refuse nobody
 
 	APIQuota            Quota  // requests per user per day or month over /api/ but POST /api/session; Limit 0: off
 	QuotaTimezone       string // the IANA zone of the quotas' days and months
@@ -69,9 +77,17 @@ type Config struct {
 	PluginBytesPerMonth int64  // plugin bytes a user may store per month; 0: off
 
 	TrustedProxies Proxies // whose Forwarded / X-Forwarded-For is believed; none: the peer
-	IPv6Prefix     int     // an IPv6 client is its prefix of this length
-	AddressRate    Rate    // requests without a token per client address; Limit 0: off
-	AddressBurst   int
+	// ClientAddressHeader is the one header the trusted proxies write:
+	// "X-Forwarded-For" or "Forwarded".
+	ClientAddressHeader string
+	// BodyTimeout bounds the time a request body takes to arrive.
+	BodyTimeout time.Duration
+	// MaxConnsPerPeer bounds the open connections of one peer address
+	// (trusted proxies excepted).
+	MaxConnsPerPeer int
+	IPv6Prefix      int  // an IPv6 client is its prefix of this length
+	AddressRate     Rate // requests without a token per client address; Limit 0: off
+	AddressBurst    int
 
 	BanAfter  int           // rate refusals of a key within BanWithin that ban it for BanFor; 0: no bans
 	BanWithin time.Duration // the window BanAfter refusals are counted in
@@ -253,6 +269,8 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.SQLConsoleCap, "sql-console-cap", 2, "SQL console queries per user at once, across replicas")
 	fs.DurationVar(&c.SQLConsoleTime, "sql-console-time", 30*time.Second, "SQL console time bound")
 	fs.IntVar(&c.SQLConsoleRows, "sql-console-rows", 1000, "SQL console row cap")
+	fs.StringVar(&c.SQLConsoleTempFileLimit, "sql-console-temp-file-limit", "256MB", "temp_file_limit set on every console role: the temporary files one console statement may write (PostgreSQL units: kB, MB, GB; -1 for none)")
+	fs.StringVar(&c.SQLConsoleWorkMem, "sql-console-work-mem", "16MB", "work_mem set on every console role: the memory one sort or hash of a console statement may use before it spills to temporary files")
 	fs.IntVar(&c.ExportCap, "export-cap", 1, "audit exports per user at once")
 	fs.DurationVar(&c.ExportTime, "export-time", 60*time.Second, "audit export time bound")
 	fs.IntVar(&c.ExportRows, "export-rows", 100000, "audit export row cap")
@@ -263,8 +281,9 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.DurationVar(&c.FlowTime, "flow-time", 10*time.Second, "flow graph time bound")
 	fs.IntVar(&c.FlowRows, "flow-rows", 1000, "flow graph row cap: the busiest this many address pairs (edges) are answered")
 
-	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username per window")
+	fs.IntVar(&c.SignInFailures, "sign-in-failures", 5, "failed sign-ins allowed per username and client address (or device cookie) per -sign-in-window")
 	fs.DurationVar(&c.SignInWindow, "sign-in-window", 15*time.Minute, "sign-in throttle window")
+	fs.IntVar(&c.SignInUsernameFailures, "sign-in-username-failures", 50, "failed sign-ins allowed per username per -sign-in-window over every client address; not applied to a client presenting a device cookie set by an earlier successful sign-in of that username; 0 turns it off")
 	fs.IntVar(&c.SignInAddressFailures, "sign-in-address-failures", 20, "failed sign-ins allowed per client address per -sign-in-window, over every username (password spraying), strict like the username's; 0 turns it off")
 	fs.BoolVar(&c.SignInStrict, "sign-in-strict", true, "reserve each attempt before the password is checked, so no more than -sign-in-failures are evaluated even under a parallel burst; -sign-in-strict=false checks a burst in full")
 	fs.IntVar(&c.UploadsPerHour, "uploads-per-hour", 5, "plugin uploads per user per rolling window")
@@ -277,6 +296,9 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.BoolVar(&c.APIBorrow, "api-borrow", false, "the rate limit borrows units for hot tokens in batches and spends them in memory (never admits past the GCRA bound; units a replica holds may refuse another replica's request)")
 	fs.IntVar(&c.APIBurst, "api-burst", 200, "requests a user may make at once above -api-rate (GCRA: in any interval of length L at most burst + rate × L are admitted)")
 	fs.Var(&c.TrustedProxies, "trusted-proxies", "comma-separated CIDRs whose Forwarded / X-Forwarded-For is believed: the client address is the rightmost address not in this set (default none: the peer address)")
+	fs.StringVar(&c.ClientAddressHeader, "client-address-header", "X-Forwarded-For", "the one header the trusted proxies write, X-Forwarded-For or Forwarded; the other never changes the client address")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "a request body not received within this time is dropped")
+	fs.IntVar(&c.MaxConnsPerPeer, "max-conns-per-peer", 64, "open connections per peer address (trusted proxies excepted); more are closed at once")
 	fs.IntVar(&c.IPv6Prefix, "ipv6-prefix", 64, "IPv6 client addresses are one client per prefix of this length (1 to 128)")
 	fs.Var(&c.AddressRate, "address-rate", "request rate per client address of every request without a token (every /api/ route, POST /api/session included), across replicas: N/s, N/m or N/h; 0 turns it off")
 	fs.IntVar(&c.AddressBurst, "address-burst", 40, "requests a client address may make at once above -address-rate")
@@ -354,6 +376,16 @@ func (c *Config) Validate() error {
 	if c.SignInAddressFailures < 0 || c.SignInAddressFailures > pglimit.MaxLimit {
 		errs = append(errs, fmt.Errorf("-sign-in-address-failures must be from 0 (off) to %d", pglimit.MaxLimit))
 	}
+	if c.SignInUsernameFailures < 0 || c.SignInUsernameFailures > pglimit.MaxLimit {
+		errs = append(errs, fmt.Errorf("-sign-in-username-failures must be from 0 (off) to %d", pglimit.MaxLimit))
+	}
+	switch strings.ToLower(c.ClientAddressHeader) {
+	case "x-forwarded-for", "forwarded":
+	default:
+		errs = append(errs, errors.New("-client-address-header must be X-Forwarded-For or Forwarded"))
+	}
+	positive("max-conns-per-peer", c.MaxConnsPerPeer)
+	positiveDur("body-timeout", c.BodyTimeout)
 	positive("uploads-per-hour", c.UploadsPerHour)
 	positive("token-in-flight", c.TokenInFlight)
 	if c.TokenInFlightKeep < 0 {
