@@ -1,20 +1,29 @@
 // Package clientaddr derives a request's client address, as a key any
 // limiter can count against: the peer address by default; the address a
-// trusted proxy forwarded (Forwarded, RFC 7239, or X-Forwarded-For) when
-// the peer is one of the configured trusted proxies.
+// trusted proxy forwarded, in the one header the operator names
+// (X-Forwarded-For by default, or Forwarded, RFC 7239), when the peer is
+// one of the configured trusted proxies.
 //
-// The rule is the rightmost one: reading the forwarded list from the right
-// (the hop nearest this service), addresses inside the trusted set are
-// skipped and the first one outside it is the client. Everything left of
-// it was written by the client and is never read. With no trusted proxies
-// the headers are never read and the key is the peer's.
+// The rule is the rightmost one, as nginx's real_ip_header with
+// real_ip_recursive and realclientip-go's rightmost trusted range
+// strategy read it: reading the forwarded list from the right (the hop
+// nearest this service), addresses inside the trusted set are skipped and
+// the first one outside it is the client. Everything left of it was
+// written by the client and is never read. With no trusted proxies the
+// headers are never read and the key is the peer's.
 //
-// A header that cannot be believed falls back to the peer's key, never to
-// an error: a list whose rightmost untrusted item is not an address
-// (`unknown`, an obfuscated `_node`, garbage), a list of trusted addresses
-// only, or more than maxHops trusted hops. Since only the items the
-// trusted proxies appended are read, a client cannot steer its key by
-// what it writes into the header, however long or malformed.
+// Only the named header is read; the other never changes the key, so a
+// client behind a proxy that appends to X-Forwarded-For cannot choose its
+// key by adding a Forwarded header of its own (the proxy passes it through
+// unread). From a trusted proxy, a request without the named header is the
+// proxy's own (its health checks): the key is the proxy's. A request whose
+// header is there but names no usable address past the trusted hops — the
+// rightmost untrusted item is not an address (`unknown`, an obfuscated
+// `_node`, garbage, an empty item), the list holds trusted addresses only,
+// or more than maxHops trusted hops — has no client address: Key returns
+// ErrUnreadable, and the caller refuses the request (400) and counts it
+// nowhere. It is never keyed as the proxy, which would let one client
+// spend (or be banned under) the key of everyone behind it.
 //
 // Addresses are normalised so that one client is one key: IPv4-mapped
 // IPv6 (::ffff:192.0.2.1) becomes IPv4, zones (%eth0) and ports are
@@ -29,6 +38,7 @@
 package clientaddr
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -74,11 +84,9 @@ type Options struct {
 	// stands for, 1 to 128 (128: each address is its own client).
 	// Default 64.
 	IPv6Prefix int
-	// Header names the one header the trusted proxies write, "Forwarded"
-	// or "X-Forwarded-For"; the other is never read. Default "": a request
-	// with one of them is read by it, and a request with both is keyed by
-	// the peer unless both name the same client (a proxy that appends to
-	// one passes the other through from the client unread).
+	// Header names the one header the trusted proxies write,
+	// "X-Forwarded-For" or "Forwarded" (any case); the other is never read.
+	// Default "X-Forwarded-For".
 	Header string
 }
 
@@ -93,7 +101,7 @@ type Resolver struct {
 // TrustedProxies that is not an address or CIDR, an IPv6Prefix outside 1
 // to 128 or an unknown Header is an error naming the value.
 func New(opts Options) (*Resolver, error) {
-	r := &Resolver{v6bits: opts.IPv6Prefix}
+	r := &Resolver{v6bits: opts.IPv6Prefix, header: headerXFF}
 	if r.v6bits == 0 {
 		r.v6bits = 64
 	}
@@ -101,13 +109,11 @@ func New(opts Options) (*Resolver, error) {
 		return nil, fmt.Errorf("clientaddr: Options.IPv6Prefix %d: want 1 to 128", opts.IPv6Prefix)
 	}
 	switch strings.ToLower(opts.Header) {
-	case "":
+	case "", "x-forwarded-for":
 	case "forwarded":
 		r.header = headerForwarded
-	case "x-forwarded-for":
-		r.header = headerXFF
 	default:
-		return nil, fmt.Errorf("clientaddr: Options.Header %q: want Forwarded, X-Forwarded-For or empty (both)", opts.Header)
+		return nil, fmt.Errorf("clientaddr: Options.Header %q: want X-Forwarded-For or Forwarded", opts.Header)
 	}
 	for i, s := range opts.TrustedProxies {
 		// A CIDR (host bits dropped) or a single address; IPv4-mapped
@@ -121,52 +127,37 @@ func New(opts Options) (*Resolver, error) {
 	return r, nil
 }
 
+// ErrUnreadable is the error of a request from a trusted proxy whose
+// forwarded header is there but names no usable client address past the
+// trusted hops. Refuse such a request (HTTP 400, gRPC InvalidArgument)
+// and count it nowhere: it is neither the proxy nor any other key.
+var ErrUnreadable = errors.New("clientaddr: the forwarded header names no client address past the trusted proxies")
+
 // Key returns the key of the client behind peer, the transport's address
 // ("192.0.2.1:5555", "[2001:db8::1]:443", with or without the port), given
-// the request's headers h (nil: none). It is "" only when peer is not an
-// IP address (a Unix socket): nothing a client sends makes it "".
-func (r *Resolver) Key(peer string, h Header) string {
+// the request's headers h (nil: none). The key is "" (and the error nil)
+// only when peer is not an IP address (a Unix socket). From a trusted
+// proxy whose named header is there but unusable, the error is
+// ErrUnreadable (matched by errors.Is) and the key "".
+func (r *Resolver) Key(peer string, h Header) (string, error) {
 	addr, ok := parseAddr(peer)
 	if !ok {
-		return ""
+		return "", nil
 	}
-	if h != nil && r.isTrusted(addr) {
-		if a, ok := r.forwarded(h); ok {
-			return r.keyOf(a, "")
-		}
+	if h == nil || !r.isTrusted(addr) {
+		return r.keyOf(addr, peer), nil
 	}
-	return r.keyOf(addr, peer)
-}
-
-// forwarded returns the client address the trusted proxies forwarded, or
-// false when the headers name none that can be believed.
-func (r *Resolver) forwarded(h Header) (netip.Addr, bool) {
-	if r.header != "" {
-		return r.rightmost(h.Values(r.header), r.header == headerForwarded)
+	lines := h.Values(r.header)
+	if len(lines) == 0 {
+		// The proxy's own request (a health check): the proxy is the
+		// client.
+		return r.keyOf(addr, peer), nil
 	}
-	fwd, xff := h.Values(headerForwarded), h.Values(headerXFF)
-	switch {
-	case len(fwd) == 0:
-		return r.rightmost(xff, false)
-	case len(xff) == 0:
-		return r.rightmost(fwd, true)
+	a, ok := r.rightmost(lines, r.header == headerForwarded)
+	if !ok {
+		return "", fmt.Errorf("%w (%s from %s)", ErrUnreadable, r.header, addr)
 	}
-	a, ok := r.rightmost(fwd, true)
-	b, okb := r.rightmost(xff, false)
-	if !ok || !okb || !r.sameClient(a, b) {
-		return netip.Addr{}, false
-	}
-	return a, true
-}
-
-// sameClient reports whether a and b have the same key.
-func (r *Resolver) sameClient(a, b netip.Addr) bool {
-	if a.Is6() && b.Is6() && r.v6bits < 128 {
-		pa, _ := a.Prefix(r.v6bits)
-		pb, _ := b.Prefix(r.v6bits)
-		return pa == pb
-	}
-	return a == b
+	return r.keyOf(a, ""), nil
 }
 
 // rightmost walks the list the field lines make (in order, each split at

@@ -11,6 +11,7 @@ package clientaddr
 // from a trusted peer.
 
 import (
+	"errors"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -51,14 +52,14 @@ func TestRealClientIPRemoteAddr(t *testing.T) {
 		{"Fail: Unix domain socket", "@", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := r.Key(tt.peer, nil); got != tt.want {
+			if got, err := r.Key(tt.peer, nil); got != tt.want || err != nil {
 				t.Fatalf("Key(%q) = %q, want %q", tt.peer, got, tt.want)
 			}
 		})
 	}
 	// Garbage header (unused): no trusted proxy, the header is not read.
 	h := http.Header{"X-Forwarded-For": {"!!!"}}
-	if got := r.Key("2.2.2.2:1234", h); got != "2.2.2.2" {
+	if got, err := r.Key("2.2.2.2:1234", h); got != "2.2.2.2" || err != nil {
 		t.Fatalf("garbage header: %q", got)
 	}
 }
@@ -182,14 +183,18 @@ func TestRealClientIPForwardedDeviations(t *testing.T) {
 				t.Fatalf("items = %q, want %q", got, tt.want)
 			}
 			// The walk: the rightmost item is the client when it is an
-			// address, else the peer.
-			r := mustNew(t, Options{TrustedProxies: []string{"10.0.0.1"}, IPv6Prefix: 128})
+			// address, else the header is unreadable.
+			r := mustNew(t, Options{TrustedProxies: []string{"10.0.0.1"}, IPv6Prefix: 128, Header: "Forwarded"})
 			want := tt.want[len(tt.want)-1]
+			k, err := r.Key("10.0.0.1:1", http.Header{"Forwarded": {tt.fwd}})
 			if want == "" {
-				want = "10.0.0.1"
+				if !errors.Is(err, ErrUnreadable) {
+					t.Fatalf("Key = %q, %v; want ErrUnreadable", k, err)
+				}
+				return
 			}
-			if k := r.Key("10.0.0.1:1", http.Header{"Forwarded": {tt.fwd}}); k != want {
-				t.Fatalf("Key = %q, want %q", k, want)
+			if k != want || err != nil {
+				t.Fatalf("Key = %q, %v; want %q", k, err, want)
 			}
 		})
 	}
@@ -264,7 +269,7 @@ func TestRealClientIPRightmostTrustedRange(t *testing.T) {
 		header  string
 		headers http.Header
 		ranges  []string
-		want    string
+		want    string // "": ErrUnreadable (realclientip-go's "")
 	}{
 		{"No ranges", "X-Forwarded-For", xff, nil, "4.4.4.4"},
 		{"One range", "X-Forwarded-For", xff, []string{`4.4.4.0/24`}, "3.3.3.3"},
@@ -288,21 +293,30 @@ func TestRealClientIPRightmostTrustedRange(t *testing.T) {
 		}, []string{"173.245.48.0/20", "103.21.244.0/22", "2400:cb00::/32", "2606:4700::/32"}, "4.4.4.4"},
 		{"Fail: no non-trusted IP", "X-Forwarded-For", http.Header{
 			"X-Forwarded-For": {`2.2.2.2:3384, 2.2.2.3`, `2.2.2.4`},
-		}, []string{`2.2.2.0/24`}, peer},
+		}, []string{`2.2.2.0/24`}, ""},
 		{"Fail: rightmost non-trusted IP invalid", "X-Forwarded-For", http.Header{
 			"X-Forwarded-For": {`nope, 2.2.2.2:3384, 2.2.2.3`, `2.2.2.4`},
-		}, []string{`2.2.2.0/24`}, peer},
+		}, []string{`2.2.2.0/24`}, ""},
 		{"Fail: rightmost non-trusted IP unspecified", "X-Forwarded-For", http.Header{
 			"X-Forwarded-For": {`::, 2.2.2.2:3384, 2.2.2.3`, `2.2.2.4`},
-		}, []string{`2.2.2.0/24`}, peer},
-		{"Fail: no values in header", "X-Forwarded-For", http.Header{
+		}, []string{`2.2.2.0/24`}, ""},
+		// A deviation: no value at all is the proxy's own request (its
+		// health check), keyed as the proxy; realclientip-go gives "".
+		{"No values in header: the proxy itself", "X-Forwarded-For", http.Header{
 			"X-Real-Ip": {`1.1.1.1`}, "X-Forwarded-For": {},
 		}, []string{`2.2.2.0/24`}, peer},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := mustNew(t, Options{TrustedProxies: append([]string{peer}, tt.ranges...), Header: tt.header, IPv6Prefix: 128})
-			if got := r.Key(peer+":443", tt.headers); got != tt.want {
-				t.Fatalf("Key = %q, want %q", got, tt.want)
+			got, err := r.Key(peer+":443", tt.headers)
+			if tt.want == "" {
+				if !errors.Is(err, ErrUnreadable) {
+					t.Fatalf("Key = %q, %v; want ErrUnreadable", got, err)
+				}
+				return
+			}
+			if got != tt.want || err != nil {
+				t.Fatalf("Key = %q, %v; want %q", got, err, tt.want)
 			}
 		})
 	}

@@ -38,6 +38,43 @@ func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) ([
 	return items, nil
 }
 
+const loginAttemptClearPrefix = `-- name: LoginAttemptClearPrefix :many
+DELETE FROM pglimit.login_attempt WHERE starts_with(key, $1::text)
+RETURNING key, failures
+`
+
+type LoginAttemptClearPrefixRow struct {
+	Key      string
+	Failures int32
+}
+
+// An operator's reset of every key that starts with @prefix: the pairs
+// of one username (middleware/signin, Scope "pair": "pair:<username>|"
+// followed by the client address or device), one row per client the
+// username failed from. starts_with, not LIKE: a username may hold % and
+// _. Returns each key and the failures it had, so that replicas are told
+// of each key one may remember refused. On Citus a statement on every
+// shard; resets are rare.
+func (q *Queries) LoginAttemptClearPrefix(ctx context.Context, db DBTX, prefix string) ([]*LoginAttemptClearPrefixRow, error) {
+	rows, err := db.Query(ctx, loginAttemptClearPrefix, prefix)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*LoginAttemptClearPrefixRow
+	for rows.Next() {
+		var i LoginAttemptClearPrefixRow
+		if err := rows.Scan(&i.Key, &i.Failures); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const loginAttemptCount = `-- name: LoginAttemptCount :one
 SELECT count(*) FROM pglimit.login_attempt WHERE expires_at > now()
 `

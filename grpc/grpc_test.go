@@ -547,11 +547,11 @@ type middlewareLimiter struct {
 
 // Limit spends a unit of the call's key; a call without a key passes.
 func (m middlewareLimiter) Limit(ctx context.Context) error {
-	key, ok := m.key(ctx)
-	if !ok {
-		return nil
+	key, err := m.key(ctx)
+	if err != nil || key == "" {
+		return pglimitgrpc.Status(ctx, err).Err()
 	}
-	_, err := m.l.Acquire(ctx, key)
+	_, err = m.l.Acquire(ctx, key)
 	return pglimitgrpc.Status(ctx, err).Err()
 }
 

@@ -56,11 +56,13 @@ import (
 
 // KeyFunc returns the identity a call is counted against, read from the
 // call's context: its metadata (metadata.FromIncomingContext), its peer
-// (peer.FromContext; see ClientAddr), its method (grpc.Method). ok false,
-// or an empty key, lets the call through uncounted, as the HTTP
-// middlewares do: a limiter is not an authenticator. Never return a raw
-// secret: the key is stored in the database.
-type KeyFunc func(ctx context.Context) (key string, ok bool)
+// (peer.FromContext; see ClientAddr), its method (grpc.Method). An empty
+// key (and a nil error) lets the call through uncounted, as the HTTP
+// middlewares do: a limiter is not an authenticator. An error refuses the
+// call uncounted with Status(ctx, err) — InvalidArgument for
+// clientaddr.ErrUnreadable, a call whose client address cannot be read.
+// Never return a raw secret: the key is stored in the database.
+type KeyFunc func(ctx context.Context) (key string, err error)
 
 // Options configure the interceptors of one Limiter. Key is required;
 // every other field has a default.
@@ -277,8 +279,11 @@ func (i *Interceptor) decide(ctx context.Context, method string, setHeader, setT
 	if !i.limits(method) {
 		return ctx, nil, nil
 	}
-	key, ok := i.key(ctx)
-	if !ok || key == "" {
+	key, err := i.key(ctx)
+	if err != nil {
+		return nil, nil, Status(ctx, err).Err()
+	}
+	if key == "" {
 		if i.bare == nil {
 			return ctx, nil, nil
 		}

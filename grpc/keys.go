@@ -11,23 +11,24 @@ import (
 
 // ClientAddr returns a KeyFunc counting a call against its client's
 // address: the peer's (peer.FromContext), or, when r trusts the peer as a
-// proxy, the address it forwarded in the call's Forwarded or
-// X-Forwarded-For metadata, normalised as package clientaddr says (IPv6 by
-// prefix). r nil is a Resolver trusting no proxy: the peer's address. A
-// call whose peer is not an IP address (a Unix socket, an in-process
-// listener) has no key and passes uncounted.
+// proxy, the address it forwarded in the one metadata header r reads
+// (x-forwarded-for by default, or forwarded), normalised as package
+// clientaddr says (IPv6 by prefix). r nil is a Resolver trusting no proxy:
+// the peer's address. A call whose peer is not an IP address (a Unix
+// socket, an in-process listener) has no key and passes uncounted; a call
+// from a trusted proxy whose header names no client address is refused
+// InvalidArgument (clientaddr.ErrUnreadable), counted nowhere.
 func ClientAddr(r *clientaddr.Resolver) KeyFunc {
 	if r == nil {
 		r, _ = clientaddr.New(clientaddr.Options{}) // the defaults are valid
 	}
-	return func(ctx context.Context) (string, bool) {
+	return func(ctx context.Context) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
-			return "", false
+			return "", nil
 		}
 		md, _ := metadata.FromIncomingContext(ctx)
-		key := r.Key(p.Addr.String(), mdHeader(md))
-		return key, key != ""
+		return r.Key(p.Addr.String(), mdHeader(md))
 	}
 }
 
@@ -43,12 +44,11 @@ func (h mdHeader) Values(key string) []string { return metadata.MD(h).Get(key) }
 // a tenant); for a raw API token write a KeyFunc returning
 // inflight.TokenKey of it, or the token's id.
 func MetadataKey(name string) KeyFunc {
-	return func(ctx context.Context) (string, bool) {
+	return func(ctx context.Context) (string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
-		vs := md.Get(name)
-		if len(vs) == 0 || vs[0] == "" {
-			return "", false
+		if vs := md.Get(name); len(vs) > 0 {
+			return vs[0], nil
 		}
-		return vs[0], true
+		return "", nil
 	}
 }

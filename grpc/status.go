@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
@@ -39,6 +40,7 @@ const (
 	slugTimedOut    = "heavy-request-timed-out"
 	slugUnavailable = "database-unavailable"
 	slugInternal    = "internal-error"
+	slugAddress     = "client-address-unreadable"
 )
 
 // unavailableRetry is the wait a database that cannot decide asks for, as
@@ -60,6 +62,8 @@ const unavailableRetry = 5 * time.Second
 //     address) and RetryInfo (the wait; none for a rate-limited call that
 //     can never pass);
 //   - heavy.ErrTimedOut: DeadlineExceeded, reason heavy-request-timed-out;
+//   - clientaddr.ErrUnreadable (a trusted proxy's header named no client
+//     address): InvalidArgument, reason client-address-unreadable;
 //   - a call whose ctx was canceled, or pglimit.ClassCanceled: Canceled;
 //   - a call whose own deadline passed: DeadlineExceeded;
 //   - a database that cannot be reached or did not answer in time
@@ -93,6 +97,9 @@ func Status(ctx context.Context, err error) *status.Status {
 		}, q)
 	case errors.As(err, &lr):
 		return refusalStatus(lr)
+	case errors.Is(err, clientaddr.ErrUnreadable):
+		return withDetails(codes.InvalidArgument, "the forwarded header names no client address past the trusted proxies",
+			0, slugAddress, nil)
 	case errors.Is(err, heavy.ErrTimedOut):
 		b, _ := heavy.FromContext(ctx)
 		return timeBoundStatus(b)

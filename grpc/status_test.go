@@ -201,6 +201,10 @@ func TestClientAddrKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	behindFwd, err := clientaddr.New(clientaddr.Options{TrustedProxies: []string{"10.0.0.0/8"}, Header: "Forwarded"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(mustAddrPort(t, s)) }
 	for _, tc := range []struct {
 		name   string
@@ -210,14 +214,19 @@ func TestClientAddrKey(t *testing.T) {
 		want   string
 		wantOK bool
 		noPeer bool
+		// unreadable: the call is refused InvalidArgument
+		// (clientaddr.ErrUnreadable), with no key.
+		unreadable bool
 	}{
 		{name: "IPv4 peer", addr: tcp("192.0.2.7:5555"), want: "192.0.2.7", wantOK: true},
 		{name: "IPv6 peer, its /64", addr: tcp("[2001:db8:1:2:3:4:5:6]:443"), want: "2001:db8:1:2::/64", wantOK: true},
 		{name: "IPv4-mapped", addr: tcp("[::ffff:192.0.2.9]:1"), want: "192.0.2.9", wantOK: true},
 		{name: "forwarded by an untrusted peer: ignored", addr: tcp("192.0.2.7:5555"), md: metadata.Pairs("x-forwarded-for", "203.0.113.9"), want: "192.0.2.7", wantOK: true},
 		{name: "forwarded by a trusted proxy", r: behind, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("x-forwarded-for", "198.51.100.1, 203.0.113.9, 10.2.2.2"), want: "203.0.113.9", wantOK: true},
-		{name: "Forwarded by a trusted proxy", r: behind, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("forwarded", `for="[2001:db8::1]:80"`), want: "2001:db8::/64", wantOK: true},
-		{name: "garbage forwarded: the peer", r: behind, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("x-forwarded-for", "unknown"), want: "10.1.1.1", wantOK: true},
+		{name: "Forwarded by a trusted proxy", r: behindFwd, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("forwarded", `for="[2001:db8::1]:80"`), want: "2001:db8::/64", wantOK: true},
+		{name: "garbage forwarded: refused, no key", r: behind, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("x-forwarded-for", "unknown"), unreadable: true},
+		{name: "the proxy's own call: the proxy", r: behind, addr: tcp("10.1.1.1:5555"), want: "10.1.1.1", wantOK: true},
+		{name: "a forwarded the client added never read", r: behind, addr: tcp("10.1.1.1:5555"), md: metadata.Pairs("forwarded", "for=1.1.1.1", "x-forwarded-for", "203.0.113.9"), want: "203.0.113.9", wantOK: true},
 		{name: "a Unix socket", addr: &net.UnixAddr{Name: "/run/x.sock", Net: "unix"}},
 		{name: "no peer", noPeer: true},
 	} {
@@ -228,16 +237,22 @@ func TestClientAddrKey(t *testing.T) {
 		if tc.md != nil {
 			ctx = metadata.NewIncomingContext(ctx, tc.md)
 		}
-		got, ok := pglimitgrpc.ClientAddr(tc.r)(ctx)
-		if got != tc.want || ok != tc.wantOK {
-			t.Errorf("%s: %q, %v; want %q, %v", tc.name, got, ok, tc.want, tc.wantOK)
+		got, err := pglimitgrpc.ClientAddr(tc.r)(ctx)
+		if tc.unreadable {
+			if got != "" || status.Code(pglimitgrpc.Status(ctx, err).Err()) != codes.InvalidArgument {
+				t.Errorf("%s: %q, %v; want no key and InvalidArgument", tc.name, got, err)
+			}
+			continue
+		}
+		if ok := got != ""; got != tc.want || ok != tc.wantOK || err != nil {
+			t.Errorf("%s: %q, %v; want %q, %v", tc.name, got, err, tc.want, tc.wantOK)
 		}
 	}
-	if key, ok := pglimitgrpc.MetadataKey("x-tenant")(metadata.NewIncomingContext(context.Background(), metadata.Pairs("X-Tenant", "acme"))); key != "acme" || !ok {
-		t.Errorf("MetadataKey: %q, %v", key, ok)
+	if key, err := pglimitgrpc.MetadataKey("x-tenant")(metadata.NewIncomingContext(context.Background(), metadata.Pairs("X-Tenant", "acme"))); key != "acme" || err != nil {
+		t.Errorf("MetadataKey: %q, %v", key, err)
 	}
-	if _, ok := pglimitgrpc.MetadataKey("x-tenant")(context.Background()); ok {
-		t.Errorf("MetadataKey without metadata: a key")
+	if key, err := pglimitgrpc.MetadataKey("x-tenant")(context.Background()); key != "" || err != nil {
+		t.Errorf("MetadataKey without metadata: %q, %v", key, err)
 	}
 }
 

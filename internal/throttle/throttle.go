@@ -204,6 +204,34 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	return n, nil
 }
 
+// ResetPrefix clears the failed sign-ins of every key that starts with
+// prefix on every replica (their rows go, then a notification for each key
+// that had reached the limit) and returns the failures they had. prefix is
+// stored keys' form: a key longer than keys.Stored keeps is stored as its
+// digest, which no prefix matches (it lapses with its window).
+func (l *Limiter) ResetPrefix(ctx context.Context, prefix string) (int, error) {
+	if prefix == "" {
+		return 0, errors.New("reset: empty prefix")
+	}
+	ctx, cancel := dberr.WithTimeout(ctx, l.c.Timeout)
+	defer cancel()
+	rows, err := l.q.LoginAttemptClearPrefix(ctx, l.pool, prefix)
+	if err != nil {
+		return 0, fmt.Errorf("reset: %w", dberr.OwnTimeout(ctx, err))
+	}
+	n := 0
+	for _, row := range rows {
+		n += int(row.Failures)
+		if int(row.Failures) < l.c.Limit {
+			continue
+		}
+		if err := l.notify(ctx, row.Key); err != nil {
+			return n, fmt.Errorf("reset: the replicas were not told: %w", dberr.OwnTimeout(ctx, err))
+		}
+	}
+	return n, nil
+}
+
 // notify tells every replica to forget what it remembers of key
 // (BusNotify): a write just lowered its count.
 func (l *Limiter) notify(ctx context.Context, key string) error {

@@ -39,11 +39,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l.exempt != nil && l.exempt(r) {
 			l.engine.Exempted(r.Context())
-			p := &Permit{exempt: true}
-			if outer, ok := FromContext(r.Context()); ok {
-				p.outer = outer
-			}
-			next.ServeHTTP(w, r.WithContext(newContext(r.Context(), p)))
+			l.serveUncounted(w, r, next, nil)
 			return
 		}
 		body, err := readBody(w, r, l.maxBody)
@@ -55,9 +51,33 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.onError(w, r, err)
 			return
 		}
-		key, ok := l.key(withBody(r, body))
-		if !ok || key == "" {
-			l.onError(w, r, errNoKey)
+		// The device cookie of the request's username, when Devices are
+		// on; the username is read from its own copy of the body.
+		var (
+			username string
+			dev      device
+		)
+		if l.devices != nil {
+			if u, ok := l.username(withBody(r, body)); ok && u != "" {
+				username, dev = u, l.devices.check(r, u)
+			}
+		}
+		var issue func(http.Header)
+		if l.devices != nil && l.scope == scopeUsername && username != "" {
+			// A successful sign-in leaves the client the username's device
+			// cookie (the same device again when it presented one).
+			issue = func(h http.Header) { l.devices.issue(h, username, dev) }
+		}
+		if dev.valid && l.scope == scopeUsername {
+			// A device the user signed in from before: the username's
+			// throttle over every client neither counts nor refuses it.
+			l.engine.Exempted(r.Context())
+			l.serveUncounted(w, withBody(r, body), next, issue)
+			return
+		}
+		key, err := l.keyOf(withBody(r, body), dev)
+		if err != nil {
+			l.onError(w, r, err)
 			return
 		}
 		p, err := l.Acquire(r.Context(), key)
@@ -73,7 +93,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			// username's): what next reports here is reported there too.
 			p.outer = outer
 		}
-		ow := &outcomeWriter{ResponseWriter: w, l: l, p: p, r: r}
+		ow := &outcomeWriter{ResponseWriter: w, l: l, p: p, r: r, issue: issue}
 		defer func() {
 			if v := recover(); v != nil {
 				l.settle(r, "panic", p.Release)
@@ -86,6 +106,64 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		next.ServeHTTP(ow, withBody(r, body).WithContext(newContext(r.Context(), p)))
 	})
 }
+
+// serveUncounted runs next for a request this Limiter does not count, with
+// a Permit that counts nothing here but reports to the Permit of a
+// Limiter wrapped around this one; issue, when set, sets the device
+// cookie on a success.
+func (l *Limiter) serveUncounted(w http.ResponseWriter, r *http.Request, next http.Handler, issue func(http.Header)) {
+	p := &Permit{exempt: true}
+	if outer, ok := FromContext(r.Context()); ok {
+		p.outer = outer
+	}
+	if issue != nil {
+		w = &outcomeWriter{ResponseWriter: w, l: l, p: p, r: r, issue: issue}
+	}
+	next.ServeHTTP(w, r.WithContext(newContext(r.Context(), p)))
+}
+
+// keyOf is the key of the sign-in request r (its body readable): Options.Key's,
+// or the default key of the Limiter's Scope. An error is errNoKey or the
+// client address's (clientaddr.ErrUnreadable).
+func (l *Limiter) keyOf(r *http.Request, dev device) (string, error) {
+	if l.key != nil {
+		key, ok := l.key(r)
+		if !ok || key == "" {
+			return "", errNoKey
+		}
+		return key, nil
+	}
+	u, ok := l.username(r)
+	if !ok || u == "" {
+		return "", errNoKey
+	}
+	if l.scope == scopeUsername {
+		return "username:" + u, nil
+	}
+	var client string
+	if dev.valid && l.scope == scopePair {
+		client = "device:" + dev.idText()
+	} else {
+		addr, err := l.addrs.Key(r.RemoteAddr, r.Header)
+		if err != nil {
+			return "", err
+		}
+		if addr == "" {
+			addr = "unknown"
+		}
+		client = "address:" + addr
+	}
+	if l.scope == scopeAddress {
+		return client, nil
+	}
+	return pairPrefix(u) + client, nil
+}
+
+// pairPrefix is the start of every pair key of username: "pair:", the
+// username and "|" (a username that holds "|" cannot make another's
+// pairs: the prefix Reset clears ends at the last "|" the username has,
+// and every pair key has "address:" or "device:" after it).
+func pairPrefix(username string) string { return "pair:" + username + "|" }
 
 // settle reports an outcome whose failure cannot change the response any
 // more; a failed write is logged.
@@ -102,6 +180,10 @@ type outcomeWriter struct {
 	l *Limiter
 	p *Permit
 	r *http.Request
+
+	// issue, when set, sets the device cookie on a success, before the
+	// status goes out.
+	issue func(http.Header)
 
 	wroteHeader bool
 	swallow     bool // the response was replaced by a 503
@@ -137,6 +219,9 @@ func (w *outcomeWriter) WriteHeader(code int) {
 	case code >= 200 && code < 300:
 		if err := w.p.Succeed(ctx); err != nil {
 			w.l.log.WarnContext(ctx, "signin: clearing failures after a success failed; they lapse on their own", "err", err)
+		}
+		if w.issue != nil {
+			w.issue(w.ResponseWriter.Header())
 		}
 	default:
 		if err := w.p.Release(ctx); err != nil {
@@ -182,49 +267,31 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	return c
 }
 
-// usernameKey is the default key function: "username:" followed by the
-// normalised (NormalizeUsername) field "username" of a JSON object body
+// defaultUsername is the default Options.Username: the normalised
+// (NormalizeUsername) field "username" of a JSON object body
 // (Content-Type application/json or any +json) or of a form body
 // (application/x-www-form-urlencoded or multipart/form-data). A body
-// without a Content-Type is read as JSON when it starts with '{', as a form
-// otherwise. It never looks at X-Forwarded-For or any other header. ok is
-// false when there is no non-empty username: the Handler answers 400.
-func usernameKey(r *http.Request) (key string, ok bool) {
+// without a Content-Type is read as JSON when it starts with '{', as a
+// form otherwise. It never looks at X-Forwarded-For or any other header.
+// ok is false when there is no non-empty username: the Handler answers
+// 400.
+func defaultUsername(r *http.Request) (username string, ok bool) {
 	u, err := usernameOf(r)
 	if err != nil {
 		return "", false
 	}
 	u = NormalizeUsername(u)
-	if u == "" {
-		return "", false
-	}
-	return "username:" + u, true
+	return u, u != ""
 }
 
-// addressKey is the default key function of Scope "address": "address:"
-// followed by the peer's address as package clientaddr keys it with no
-// trusted proxy (an IPv6 address stands for its /64; "unknown" for a peer
-// that is not an IP address), of a request whose body usernameKey reads a
-// username from (ok false otherwise: the Handler answers 400 and writes
-// nothing). It never reads a forwarded header.
-func addressKey(r *http.Request) (key string, ok bool) {
-	if _, ok := usernameKey(r); !ok {
-		return "", false
-	}
-	if k := peerAddrs.Key(r.RemoteAddr, nil); k != "" {
-		return "address:" + k, true
-	}
-	return "address:unknown", true
-}
-
-// peerAddrs keys the peer's address as the default address key does.
+// peerAddrs keys the peer's address, the default Options.Addresses.
 var peerAddrs, _ = clientaddr.New(clientaddr.Options{})
 
 // addressOf is the key of an address an operator gives Reset: an
 // address ("192.0.2.1", "2001:db8::1"), an IPv6 prefix as the key shows
 // it ("2001:db8:1:2::/64"), or a key ("address:192.0.2.1"), keyed as
-// addressKey keys a peer; "" for anything else.
-func addressOf(s string) string {
+// addrs keys a peer; "" for anything else.
+func addressOf(addrs *clientaddr.Resolver, s string) string {
 	s = strings.TrimPrefix(strings.TrimSpace(s), "address:")
 	if s == "unknown" {
 		return s
@@ -237,7 +304,8 @@ func addressOf(s string) string {
 	} else if a, err := netip.ParseAddr(s); err != nil || a.Zone() != "" {
 		return ""
 	}
-	return peerAddrs.Key(s, nil)
+	k, _ := addrs.Key(s, nil)
+	return k
 }
 
 func usernameOf(r *http.Request) (string, error) {

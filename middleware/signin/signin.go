@@ -16,25 +16,49 @@
 // X-Forwarded-For, and a key function of the application's own can add
 // other identities.
 //
-// # Two keys: the username and the client address
+// # The threat model: three counters
 //
-// A throttle per username never slows password spraying: one password
-// tried against many usernames from one client. A second Limiter with
-// Options.Scope "address" counts failed sign-ins per client address over
-// every username; wrap it around the username's:
+// An online guessing attack comes in three shapes, and a throttle that
+// counts only one of them either lets another through or lets an attacker
+// lock any account out (OWASP's "account lockout" denial of service: a
+// username's throttle alone, at 5, locks its owner out from everywhere as
+// soon as anyone fails five times for her). Three Limiters, one per Scope,
+// each bound one shape:
 //
-//	byAddress, err := signin.New(pool, signin.Options{Scope: "address", Limit: 20})
-//	mux.Handle("POST /login", byAddress.Handler(byUsername.Handler(login)))
+//   - "pair" bounds guessing one account from one client: Limit failures
+//     per username and client address (or device, below). It is the
+//     strict, small number (5), and it locks out only that client.
+//   - "address" bounds password spraying (one password tried against many
+//     usernames from one client address): Limit failures per address over
+//     every username. A successful sign-in gives back its own attempt but
+//     clears nothing, so an attacker's own account does not reset it.
+//   - "username" bounds credential stuffing from many addresses against one
+//     account: Limit failures per username over every client, a larger
+//     number (50). It does not apply to a client presenting a device cookie
+//     (Devices) that an earlier successful sign-in of the username set:
+//     the user signs in from the devices she used before while an attacker
+//     elsewhere fails for her, and a run from many addresses is still held
+//     to Limit for every client without the cookie. A device cookie
+//     replaces the address in the pair, so a cookie that fails the pair's
+//     Limit is locked out itself, as an address would be.
 //
-// The address is checked (and, strict, reserved) first: a sign-in it
-// refuses never reaches the username's throttle, and a sign-in the
-// username's throttle refuses gives the address's attempt back. A refusal
-// names its scope (limit.Refusal.Scope, the problem member scope: "username"
-// or "address"). A successful sign-in clears its username's failures but
-// not its address's (it gives back only its own attempt): otherwise an
-// attacker with one account of its own could reset its address's count by
-// signing in to it between sprays. Both are strict under a parallel burst
-// and hold across replicas; Reset clears either.
+// Wrap them widest first:
+//
+//	byAddress, _ := signin.New(pool, signin.Options{Scope: "address", Limit: 20, Addresses: addrs})
+//	byPair, _ := signin.New(pool, signin.Options{Scope: "pair", Limit: 5, Addresses: addrs, Devices: devices})
+//	byUsername, _ := signin.New(pool, signin.Options{Scope: "username", Limit: 50, Devices: devices})
+//	mux.Handle("POST /login", byAddress.Handler(byPair.Handler(byUsername.Handler(login))))
+//
+// Each is strict under a parallel burst and holds across replicas. The
+// widest is asked (and, strict, reserved) first: a sign-in it refuses never
+// reaches the inner ones, and a sign-in an inner one refuses gives the
+// outer attempts back. A refusal names its scope (limit.Refusal.Scope, the
+// problem member scope: "pair", "address" or "username"). Reset clears any
+// of them (the pair's: every client of the username). Behind a proxy, give
+// the "address" and "pair" Limiters the clientaddr.Resolver that keys
+// every other address limit (Options.Addresses): a request whose trusted
+// proxy names no client address is refused 400 client-address-unreadable
+// and counted nowhere.
 //
 // # The allow list
 //
@@ -151,6 +175,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/pglimit/pglimit/clientaddr"
 	"github.com/pglimit/pglimit/internal/retryafter"
 	"github.com/pglimit/pglimit/internal/throttle"
 	"github.com/pglimit/pglimit/internal/vocab"
@@ -165,12 +190,14 @@ const (
 	slugUnavailable = "sign-in-unavailable"
 	slugInvalid     = "invalid-sign-in-request"
 	slugTooLarge    = "sign-in-request-too-large"
+	slugAddress     = "client-address-unreadable"
 )
 
 // Defaults of Options.
 const (
 	defaultName               = "sign-in"
 	defaultAddressName        = "sign-in-address"
+	defaultPairName           = "sign-in-pair"
 	defaultLimit              = 5
 	defaultWindow             = 15 * time.Minute
 	defaultMaxBodyBytes int64 = 64 << 10
@@ -183,14 +210,43 @@ type Options struct {
 	// "sign-in-address" when Scope is "address".
 	Name string
 	// Scope is what the key counts: "username" (the failures of one
-	// username; a successful sign-in clears them) or "address" (the
-	// failures of one client address over every username, against
-	// password spraying; a successful sign-in gives back its own attempt
-	// and clears nothing else). It is the scope a refusal names
-	// (limit.Refusal.Scope). Wrap an "address" Limiter around a "username"
-	// one (see the package documentation). Default "username".
+	// username over every client; a successful sign-in clears them),
+	// "pair" (the failures of one username from one client: its address,
+	// or its device when it presents a device cookie of the username; a
+	// successful sign-in clears the pair) or "address" (the failures of
+	// one client address over every username, against password spraying;
+	// a successful sign-in gives back its own attempt and clears nothing
+	// else). It is the scope a refusal names (limit.Refusal.Scope). Wrap
+	// an "address" Limiter around a "pair" one around a "username" one
+	// (see the package documentation). Default "username".
 	Scope string
-	// Key returns the client key of a sign-in request. It is given a copy of
+	// Username returns the normalised username (NormalizeUsername) of a
+	// sign-in request, from a copy of the request whose body it may read;
+	// ok false, or "", is a request without one (400). It makes the
+	// default keys of every Scope and names the username of a device
+	// cookie. Give it the handler's own parse (see Key). Default: the
+	// member "username" of a body that is one JSON object and nothing
+	// after it, or of a form, normalised.
+	Username func(*http.Request) (username string, ok bool)
+	// Addresses keys the client address of the default keys of Scope
+	// "address" and "pair": the peer, or what a proxy it trusts forwarded
+	// in the one header it reads. A request from a trusted proxy whose
+	// header names no client address (clientaddr.ErrUnreadable) is refused
+	// 400 client-address-unreadable and counted nowhere. Default: a
+	// Resolver trusting no proxy (the peer's address; an IPv6 address
+	// stands for its /64).
+	Addresses *clientaddr.Resolver
+	// Devices are the device cookies (see Devices) of the default keys:
+	// with Scope "username", a request presenting a valid cookie of its
+	// username is not counted (outcome exempt) and a successful sign-in
+	// sets the cookie; with Scope "pair", a request presenting one is
+	// counted per (username, device) instead of (username, address).
+	// Default none.
+	Devices *Devices
+	// Key, when set, returns the client key of a sign-in request in place of
+	// the default keys of Scope (Username, Addresses and Devices then make
+	// no key; Devices still exempts and sets cookies with Scope
+	// "username"). It is given a copy of
 	// the request whose body it may read (the handler gets the body again
 	// from the start). ok false, or an empty key, refuses the request 400
 	// (see Unidentified requests) before anything is written. Key should
@@ -282,6 +338,7 @@ const kindSignIn = "signin"
 const (
 	scopeUsername = "username"
 	scopeAddress  = "address"
+	scopePair     = "pair"
 )
 
 // The kinds of scope of the decisions (attribute scope of the metrics): a
@@ -295,17 +352,21 @@ const (
 // Limiter is the failed sign-in throttle. It is safe for concurrent use.
 // It decides through internal/throttle and adds what HTTP needs.
 type Limiter struct {
-	engine  *throttle.Limiter
-	name    string
-	scope   string // Options.Scope
-	max     int
-	window  time.Duration
-	strict  bool
-	key     func(*http.Request) (string, bool)
-	exempt  func(*http.Request) bool
-	maxBody int64
-	onError func(http.ResponseWriter, *http.Request, error)
-	log     *slog.Logger
+	engine *throttle.Limiter
+	name   string
+	scope  string // Options.Scope
+	max    int
+	window time.Duration
+	strict bool
+	key    func(*http.Request) (string, bool) // Options.Key; nil: the default keys
+	// username, addrs and devices make the default keys (Options).
+	username func(*http.Request) (string, bool)
+	addrs    *clientaddr.Resolver
+	devices  *Devices
+	exempt   func(*http.Request) bool
+	maxBody  int64
+	onError  func(http.ResponseWriter, *http.Request, error)
+	log      *slog.Logger
 	// defaultKey: Options.Key was left to the default (Reset normalises).
 	defaultKey bool
 }
@@ -322,16 +383,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	switch opts.Scope {
 	case "", scopeUsername:
 		opts.Scope = scopeUsername
-	case scopeAddress:
+	case scopeAddress, scopePair:
 		kind = scopeKey
 	default:
-		return nil, fmt.Errorf("signin: Scope %q: want %q or %q", opts.Scope, scopeUsername, scopeAddress)
+		return nil, fmt.Errorf("signin: Scope %q: want %q, %q or %q", opts.Scope, scopeUsername, scopePair, scopeAddress)
 	}
 	if opts.Name == "" {
-		opts.Name = defaultName
-		if opts.Scope == scopeAddress {
-			opts.Name = defaultAddressName
-		}
+		opts.Name = map[string]string{scopeUsername: defaultName, scopeAddress: defaultAddressName, scopePair: defaultPairName}[opts.Scope]
 	}
 	if opts.Limit == 0 {
 		opts.Limit = defaultLimit
@@ -347,11 +405,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, err
 	}
 	defaultKey := opts.Key == nil
-	if defaultKey {
-		opts.Key = usernameKey
-		if opts.Scope == scopeAddress {
-			opts.Key = addressKey
-		}
+	if opts.Username == nil {
+		opts.Username = defaultUsername
+	}
+	if opts.Addresses == nil {
+		opts.Addresses = peerAddrs
 	}
 	if opts.OnError == nil {
 		opts.OnError = WriteError
@@ -367,7 +425,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	}
 	return &Limiter{
 		engine: engine, name: opts.Name, scope: opts.Scope, max: opts.Limit, window: opts.Window, strict: !opts.Lenient,
-		key: opts.Key, exempt: opts.Exempt, maxBody: opts.MaxBodyBytes, onError: opts.OnError, log: opts.Logger,
+		key: opts.Key, username: opts.Username, addrs: opts.Addresses, devices: opts.Devices,
+		exempt: opts.Exempt, maxBody: opts.MaxBodyBytes, onError: opts.OnError, log: opts.Logger,
 		defaultKey: defaultKey,
 	}, nil
 }
@@ -471,12 +530,13 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Permit, error) {
 // Reset clears key's failed sign-ins on every replica: its row in
 // login_attempt goes, and every replica forgets the key's refusal within
 // about a second (a notification sent after the delete). key is what
-// Options.Key returns; for the default key, the username as the client
-// typed it (Reset normalises it as the default key does), or with Scope
-// "address" the address (or the IPv6 prefix the key shows,
-// "2001:db8:1:2::/64"; Reset keys it as the default key does). It returns
-// the failures the key had. For an operator who lets a locked-out user,
-// or a client address, in.
+// Options.Key returns; for the default keys, the username as the client
+// typed it (Reset normalises it as the default key does; with Scope
+// "pair", every pair of the username: each address and device it failed
+// from), or with Scope "address" the address (or the IPv6 prefix the key
+// shows, "2001:db8:1:2::/64"; Reset keys it as the default key does). It
+// returns the failures the key had. For an operator who lets a
+// locked-out user, or a client address, in.
 func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	if l.defaultKey {
 		key = l.defaultKeyOf(key)
@@ -484,7 +544,13 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 	if key == "" {
 		return 0, errNoKey
 	}
-	n, err := l.engine.Reset(ctx, key)
+	var n int
+	var err error
+	if l.defaultKey && l.scope == scopePair {
+		n, err = l.engine.ResetPrefix(ctx, key)
+	} else {
+		n, err = l.engine.Reset(ctx, key)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("signin: %w", err)
 	}
@@ -496,12 +562,16 @@ func (l *Limiter) Reset(ctx context.Context, key string) (int, error) {
 // anything else.
 func (l *Limiter) defaultKeyOf(s string) string {
 	if l.scope != scopeAddress {
-		if u := NormalizeUsername(s); u != "" {
-			return "username:" + u
+		u := NormalizeUsername(s)
+		switch {
+		case u == "":
+			return ""
+		case l.scope == scopePair:
+			return pairPrefix(u)
 		}
-		return ""
+		return "username:" + u
 	}
-	if k := addressOf(s); k != "" {
+	if k := addressOf(l.addrs, s); k != "" {
 		return "address:" + k
 	}
 	return ""
@@ -596,9 +666,10 @@ func newContext(ctx context.Context, p *Permit) context.Context {
 // Options.OnError:
 //
 //   - *limit.Refusal: 429 too-many-failed-sign-ins with Retry-After and the
-//     members limit, retryAfter (seconds) and scope ("username" or
-//     "address"), the same for every username, known or not;
+//     members limit, retryAfter (seconds) and scope ("username", "pair"
+//     or "address"), the same for every username, known or not;
 //   - *http.MaxBytesError: 413 sign-in-request-too-large;
+//   - clientaddr.ErrUnreadable: 400 client-address-unreadable;
 //   - ErrInvalidRequest: 400 invalid-sign-in-request;
 //   - ErrNotRecorded, a database that cannot be reached or did not answer
 //     in time (pglimit.ClassUnavailable, pglimit.ClassTimeout): 503
@@ -615,10 +686,16 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.As(err, &le) && le.Kind == kindSignIn:
 		retry := retryafter.Seconds(le.RetryAfter)
-		detail := fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
-			le.Limit, retry)
-		if le.Scope == scopeAddress {
+		var detail string
+		switch le.Scope {
+		case scopeAddress:
 			detail = fmt.Sprintf("This client address had %d failed sign-ins over every username; every sign-in from it is refused, whatever the username and password, for %d more seconds.",
+				le.Limit, retry)
+		case scopePair:
+			detail = fmt.Sprintf("This username had %d failed sign-ins from this client; its sign-ins from here are refused, whatever the password, for %d more seconds.",
+				le.Limit, retry)
+		default:
+			detail = fmt.Sprintf("This username had %d failed sign-ins; every sign-in with it is refused, whatever the password, for %d more seconds.",
 				le.Limit, retry)
 		}
 		respond.TooMany(w, r, &problem.Details{
@@ -627,6 +704,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 			Detail:     detail,
 			Extensions: map[string]any{"limit": le.Limit, "retryAfter": retry, "scope": le.Scope},
 		}, retry)
+	case errors.Is(err, clientaddr.ErrUnreadable):
+		respond.BadRequest(w, slugAddress, "Client address unreadable",
+			"The request came through a trusted proxy whose forwarded header names no client address.")
 	case errors.As(err, &tooLarge):
 		problem.Write(w, &problem.Details{Slug: slugTooLarge, Title: "Sign-in request too large",
 			Status: http.StatusRequestEntityTooLarge, Detail: "The sign-in request body is too large."})

@@ -85,6 +85,17 @@ DELETE FROM pglimit.login_attempt WHERE key = @key::text AND failures = 0;
 DELETE FROM pglimit.login_attempt WHERE key = @key::text
 RETURNING failures;
 
+-- name: LoginAttemptClearPrefix :many
+-- An operator's reset of every key that starts with @prefix: the pairs
+-- of one username (middleware/signin, Scope "pair": "pair:<username>|"
+-- followed by the client address or device), one row per client the
+-- username failed from. starts_with, not LIKE: a username may hold % and
+-- _. Returns each key and the failures it had, so that replicas are told
+-- of each key one may remember refused. On Citus a statement on every
+-- shard; resets are rare.
+DELETE FROM pglimit.login_attempt WHERE starts_with(key, @prefix::text)
+RETURNING key, failures;
+
 -- name: LoginAttemptList :many
 -- The live throttles, for the operator view: the first @max by lapse time,
 -- latest first (anyone may make a throttle row by failing a sign-in, so
