@@ -89,6 +89,8 @@ var addressPolicyHeader = regexp.MustCompile(`^"address";q=1;w=3600;pglimit-burs
 //   - through the trusted proxy each forwarded address is its own key;
 //   - addresses rotating inside one IPv6 /64, forwarded by the proxy, are
 //     one client; the next /64 is another;
+//   - the proxy's own requests (no X-Forwarded-For) are its key; one whose
+//     header names no client is 400 client-address-unreadable;
 //   - every answer to a request without a token carries RateLimit-Policy
 //     and RateLimit of policy "address"; POST /api/session is counted
 //     too; a request with a token is not (its refusal is scope user).
@@ -167,7 +169,15 @@ func TestAddressKeys(t *testing.T) {
 	expect("trusted proxy, one IPv6 /64 rotating", proxyIP, rotating, []bool{yes, yes, yes, no, no, no})
 	expect("trusted proxy, the next /64", proxyIP, []string{"2001:db8:1:3::1"}, []bool{yes})
 	expect("trusted proxy, nothing forwarded: the proxy's own key", proxyIP,
-		[]string{"", "unknown", "", ""}, []bool{yes, yes, yes, no})
+		[]string{"", "", ""}, []bool{yes, yes, yes})
+	// A header from the proxy that names no client is refused and counted
+	// nowhere (not as the proxy, whose burst is spent already: still 400).
+	if r, err := sendFrom(ctx, proxyIP, http.MethodGet, procs[0].URL+"/api/limits", "unknown", "", nil); err != nil {
+		t.Fatal(err)
+	} else {
+		r.problemOf(t, http.StatusBadRequest, "client-address-unreadable")
+	}
+	expect("trusted proxy, nothing forwarded, past its burst", proxyIP, []string{""}, []bool{no})
 
 	// With a token, the address's rate is not spent: 127.0.0.1's is, yet
 	// alice passes, once (-api-burst 1); her second is the user rate's

@@ -13,10 +13,11 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 )
 
-// TestSignInThrottleAcrossReplicas: five failed sign-ins spread over three
-// replicas use up alice's allowance; the sixth attempt, even with the right
-// password, is 429 too-many-failed-sign-ins. An unknown username is
-// throttled exactly alike. bob is untouched and signs in.
+// TestSignInThrottleAcrossReplicas: five failed sign-ins from one client
+// address spread over three replicas use up alice's allowance from it (the
+// pair: -sign-in-failures); the sixth attempt, even with the right
+// password, is 429 too-many-failed-sign-ins, scope pair. An unknown
+// username is throttled exactly alike. bob is untouched and signs in.
 func TestSignInThrottleAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	procs, _ := studio(t, 3, "-sign-in-failures", "5", "-sign-in-window", "10m")
@@ -34,8 +35,8 @@ func TestSignInThrottleAcrossReplicas(t *testing.T) {
 			if err != nil || ra < 590 || ra > 600 {
 				t.Errorf("%s: Retry-After %q, want about 600", user, r.Header.Get("Retry-After"))
 			}
-			if m["limit"] != float64(5) || m["retryAfter"] != float64(ra) {
-				t.Errorf("%s: members limit %v retryAfter %v", user, m["limit"], m["retryAfter"])
+			if m["limit"] != float64(5) || m["retryAfter"] != float64(ra) || m["scope"] != "pair" {
+				t.Errorf("%s: members limit %v retryAfter %v scope %v", user, m["limit"], m["retryAfter"], m["scope"])
 			}
 		}
 	}
@@ -54,7 +55,7 @@ func TestSignInThrottleAcrossReplicas(t *testing.T) {
 	call(t, http.MethodGet, procs[1].URL+"/api/limits", token, nil).problemOf(t, http.StatusForbidden, "forbidden")
 	// The operator view lists alice's throttle (alice is an operator).
 	r = call(t, http.MethodGet, procs[2].URL+"/api/limits", "alice-token", nil)
-	if !bytes.Contains(r.Body, []byte(`"key":"username:alice"`)) {
+	if !bytes.Contains(r.Body, []byte(`"key":"pair:alice|address:127.0.0.1"`)) {
 		t.Fatalf("operator view without alice's throttle: %s", r.Body)
 	}
 }

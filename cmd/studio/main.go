@@ -89,7 +89,10 @@ func run(args []string) error {
 	go func() { bgDone <- a.Run(bgCtx) }()
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	// Each peer address holds at most -max-conns-per-peer connections
+	// (trusted proxies excepted): the limits count requests, the listener
+	// bounds connections.
+	go func() { serveErr <- srv.Serve(a.Listener(ln)) }()
 	log.Info("studio is serving", "addr", ln.Addr().String(), "replica", cfg.ReplicaName)
 
 	var bgErr error

@@ -39,7 +39,7 @@ func (a *App) setupAccess(ctx context.Context) error {
 // every rule matches as it matches the client's own address, since no
 // IPv6 rule is narrower than that prefix (handleRuleAdd refuses them).
 func (a *App) clientAddr(r *http.Request) netip.Addr {
-	k := a.addrs.Key(r.RemoteAddr, r.Header)
+	k, _ := a.clientKey(r)
 	if strings.IndexByte(k, '/') >= 0 {
 		p, _ := netip.ParsePrefix(k)
 		return p.Addr()
@@ -56,20 +56,6 @@ func identityKeys(r *http.Request) []string {
 		return nil
 	}
 	return []string{"user:" + id.Username, "token:" + strconv.FormatInt(id.TokenID, 10)}
-}
-
-// guarded puts the address's deny list in front of h for every route
-// but the health checks and the metrics.
-func (a *App) guarded(h http.Handler) http.Handler {
-	g := a.denyByAddress.Handler(h)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/healthz", "/readyz", "/metrics":
-			h.ServeHTTP(w, r)
-		default:
-			g.ServeHTTP(w, r)
-		}
-	})
 }
 
 // ruleJSON is a rule as the API shows it.

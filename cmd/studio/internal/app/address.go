@@ -35,12 +35,13 @@ func (p *Proxies) Set(v string) error {
 }
 
 // setupAddress builds the client address resolver (-trusted-proxies,
-// -ipv6-prefix) and the rate of requests without a token per client
+// -client-address-header, -ipv6-prefix) and the rate of requests without a token per client
 // address (-address-rate, -address-burst; none at 0).
 func (a *App) setupAddress() error {
 	cfg := a.cfg
 	var err error
-	if a.addrs, err = clientaddr.New(clientaddr.Options{TrustedProxies: cfg.TrustedProxies, IPv6Prefix: cfg.IPv6Prefix}); err != nil {
+	if a.addrs, err = clientaddr.New(clientaddr.Options{TrustedProxies: cfg.TrustedProxies, IPv6Prefix: cfg.IPv6Prefix,
+		Header: cfg.ClientAddressHeader}); err != nil {
 		return err
 	}
 	if cfg.AddressRate.Limit == 0 {
@@ -63,16 +64,6 @@ func (a *App) setupAddress() error {
 	a.addrRateHTTP, err = mratelimit.New(mratelimit.Options{Limiter: a.addrRate, Key: a.clientKey,
 		Exempt: rules.Allowed, OnError: a.addressError, Logger: a.log})
 	return err
-}
-
-// clientKey is the request's client address as a key (clientaddr): the
-// peer, or what a trusted proxy forwarded. A peer that is not an IP
-// address (never over TCP) is one key, "unknown", rather than uncounted.
-func (a *App) clientKey(r *http.Request) (string, bool) {
-	if k := a.addrs.Key(r.RemoteAddr, r.Header); k != "" {
-		return k, true
-	}
-	return "unknown", true
 }
 
 // addressLimited counts a request without a token in its client address's

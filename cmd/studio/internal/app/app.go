@@ -50,10 +50,19 @@ type App struct {
 
 	q *studiodb.Queries
 
+	// signin counts failed sign-ins per username and client (its address,
+	// or its device cookie): -sign-in-failures.
 	signin *signin.Limiter
 	// signinAddr counts failed sign-ins per client address, around signin
 	// (nil: -sign-in-address-failures 0).
-	signinAddr   *signin.Limiter
+	signinAddr *signin.Limiter
+	// signinUser counts failed sign-ins per username over every client
+	// without its device cookie, inside signin, and sets the cookie (nil:
+	// -sign-in-username-failures 0).
+	signinUser *signin.Limiter
+	// devices are the device cookies of the sign-in throttles, signed with
+	// the keys in device_cookie_key.
+	devices      *signin.Devices
 	uploads      *upload.Limiter
 	inflight     *inflight.Limiter
 	rate         *ratelimit.Limiter // nil with -api-rate 0
@@ -90,9 +99,13 @@ type App struct {
 	consoleOnPrimary bool            // the console runs on the primary's pool, as the service's role (a fallback)
 	consoleBase      *pgx.ConnConfig // the console's connection (per user: its user and password are replaced)
 	consoleLogins    sync.Map        // username → *pgx.ConnConfig of the user's role, made on first use
-	closers          []func()
-	handler          http.Handler
-	started          time.Time
+	// tokens are the tokens this replica verified lately, and lookups the
+	// banned addresses' budgets of token lookups (banGuard).
+	tokens  tokenMemory
+	lookups lookupBudgets
+	closers []func()
+	handler http.Handler
+	started time.Time
 }
 
 // endpoints are the heavy endpoints, one heavy.Limiter each.
@@ -155,10 +168,13 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 	if err := a.setupOverrides(ctx); err != nil {
 		return nil, err
 	}
-	if err := a.setupLimits(); err != nil {
+	if err := a.setupAddress(); err != nil {
 		return nil, err
 	}
-	if err := a.setupAddress(); err != nil {
+	if err := a.setupDevices(ctx); err != nil {
+		return nil, err
+	}
+	if err := a.setupLimits(); err != nil {
 		return nil, err
 	}
 	if err := a.setupQuotas(ctx); err != nil {
@@ -275,37 +291,45 @@ func (a *App) setupLimits() error {
 	if a.pager, err = cursor.NewPager(codec, cursor.Rules{MaxSize: maxPageSize, Limit: cfg.HistoryRows}); err != nil {
 		return err
 	}
-	a.signin, err = signin.New(a.primary, signin.Options{
-		Key:           signInKey,
-		MaxBodyBytes:  maxSessionBody,
-		Limit:         cfg.SignInFailures,
-		Window:        cfg.SignInWindow,
-		Lenient:       !cfg.SignInStrict,
-		Logger:        a.log,
-		MeterProvider: a.meters,
-		DryRun:        cfg.DryRun["sign-in"],
-	})
-	if err != nil {
-		return err
-	}
-	if cfg.SignInAddressFailures > 0 {
-		// An address on the allow list is exempt from its throttle (the
-		// guard by address in front of every route marked it; a sign-in
-		// has no user yet), not from the username's.
-		a.signinAddr, err = signin.New(a.primary, signin.Options{
-			Name:          "sign-in-address",
-			Scope:         "address",
-			Key:           a.signInAddressKey,
-			Exempt:        rules.Allowed,
+	// The sign-in throttles: per client address over every username
+	// (spraying), around per username and client (its address, or its
+	// device), around per username over every client without its device
+	// cookie (which sets the cookie). Each reads the username as the
+	// handler does (signInUsername) and the client address as every
+	// address limit does (a.addrs).
+	throttle := func(name, scope string, limit int) (*signin.Limiter, error) {
+		o := signin.Options{
+			Name:          name,
+			Scope:         scope,
+			Username:      signInUsername,
+			Addresses:     a.addrs,
+			Devices:       a.devices,
 			MaxBodyBytes:  maxSessionBody,
-			Limit:         cfg.SignInAddressFailures,
+			Limit:         limit,
 			Window:        cfg.SignInWindow,
 			Lenient:       !cfg.SignInStrict,
 			Logger:        a.log,
 			MeterProvider: a.meters,
-			DryRun:        cfg.DryRun["sign-in-address"],
-		})
-		if err != nil {
+			DryRun:        cfg.DryRun[name],
+		}
+		if scope == "address" {
+			// An address on the allow list is exempt from its throttle
+			// (the guard by address in front of every route marked it; a
+			// sign-in has no user yet), not from the username's.
+			o.Exempt = rules.Allowed
+		}
+		return signin.New(a.primary, o)
+	}
+	if a.signin, err = throttle("sign-in", "pair", cfg.SignInFailures); err != nil {
+		return err
+	}
+	if cfg.SignInAddressFailures > 0 {
+		if a.signinAddr, err = throttle("sign-in-address", "address", cfg.SignInAddressFailures); err != nil {
+			return err
+		}
+	}
+	if cfg.SignInUsernameFailures > 0 {
+		if a.signinUser, err = throttle("sign-in-username", "username", cfg.SignInUsernameFailures); err != nil {
 			return err
 		}
 	}

@@ -82,7 +82,8 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 			return
 		}
 		ctx, cancel := dbContext(r.Context())
-		row, err := a.q.ApiTokenLookup(ctx, a.primary, TokenDigest(token))
+		digest := TokenDigest(token)
+		row, err := a.q.ApiTokenLookup(ctx, a.primary, digest)
 		cancel()
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -92,6 +93,7 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 			a.dbError(w, r, err)
 			return
 		}
+		a.tokens.remember(digest)
 		id := Identity{UserID: row.UserID, Username: row.Username, TokenID: row.TokenID, TokenName: row.TokenName, Operator: row.Operator}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
 	})

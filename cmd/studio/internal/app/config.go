@@ -177,7 +177,7 @@ func (q *Quota) Set(v string) error {
 // LimitNames are the names of the service's limits, as -dry-run, the
 // metric attribute limit and the operator page name them.
 var LimitNames = []string{"sql-console", "audit-export", "audit-history", "event-history", "alert-history", "flow-graph",
-	"sign-in", "sign-in-address", "uploads", "in-flight", "api", "address", "quota", "export-rows", "plugin-bytes"}
+	"sign-in", "sign-in-address", "sign-in-username", "uploads", "in-flight", "api", "address", "quota", "export-rows", "plugin-bytes"}
 
 // DryRun is -dry-run: a comma-separated list of LimitNames, or "all"; the
 // flag may be given more than once.

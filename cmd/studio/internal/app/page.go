@@ -160,7 +160,8 @@ func (a *App) pageToken(form func(http.ResponseWriter), next http.Handler) http.
 		if r.Header.Get("Authorization") == "" {
 			c, err := r.Cookie(tokenCookie)
 			if (err != nil || c.Value == "") && form != nil {
-				form(w)
+				// A request without a token: under the address's rate.
+				a.addressLimited(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { form(w) })).ServeHTTP(w, r)
 				return
 			}
 			if err != nil || c.Value == "" {

@@ -43,16 +43,22 @@ func (a *App) handleSignInResetForm(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// resetSignIn clears username's throttle and records the audit event
-// limits.reset (resetThrottle). It answers the request itself when it
-// fails.
+// resetSignIn clears username's throttles — every pair of it (each client
+// address and device it failed from) and, when on, its count over every
+// client — and records the audit event limits.reset of each
+// (resetThrottle). It answers the request itself when it fails.
 func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username string) (int, bool) {
 	name := signin.NormalizeUsername(username)
 	if name == "" || len(name) > 256 {
 		badRequest(w, "invalid-username", "Invalid username", "Give the username whose sign-in throttle to clear.")
 		return 0, false
 	}
-	return a.resetThrottle(w, r, a.signin, "username:"+name, map[string]any{"limit": "sign-in", "username": name})
+	n, ok := a.resetThrottle(w, r, a.signin, name, map[string]any{"limit": "sign-in", "username": name})
+	if !ok || a.signinUser == nil {
+		return n, ok
+	}
+	m, ok := a.resetThrottle(w, r, a.signinUser, name, map[string]any{"limit": "sign-in-username", "username": name})
+	return n + m, ok
 }
 
 // handleSignInAddressReset is DELETE /api/limits/sign-in/address/{address}:
@@ -74,7 +80,7 @@ func (a *App) handleSignInAddressReset(w http.ResponseWriter, r *http.Request) {
 			"Give the client address whose sign-in throttle to clear: an IPv4 or IPv6 address, or an IPv6 prefix as the throttle lists it.")
 		return
 	}
-	if _, ok := a.resetThrottle(w, r, a.signinAddr, "address:"+key, map[string]any{"limit": "sign-in-address", "address": key}); ok {
+	if _, ok := a.resetThrottle(w, r, a.signinAddr, key, map[string]any{"limit": "sign-in-address", "address": key}); ok {
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -94,8 +100,8 @@ func (a *App) addressKeyOf(s string) (string, bool) {
 	} else if addr, err := netip.ParseAddr(s); err != nil || addr.Zone() != "" {
 		return "", false
 	}
-	k := a.addrs.Key(s, nil)
-	return k, k != ""
+	k, err := a.addrs.Key(s, nil)
+	return k, err == nil && k != ""
 }
 
 // resetThrottle clears key's sign-in throttle in l (signin.Limiter.Reset:
@@ -121,12 +127,17 @@ func (a *App) resetThrottle(w http.ResponseWriter, r *http.Request, l *signin.Li
 	return failures, true
 }
 
-// Username is the username of a throttle keyed by one (the service keys
-// the throttle "username:" and the normalised username), for the page's
-// reset button; "" for any other key.
+// Username is the username of a throttle keyed by one ("username:" and
+// the normalised username, or a pair: "pair:", the username, "|" and the
+// client), for the page's reset button; "" for any other key.
 func (t throttleRow) Username() string {
 	if u, ok := strings.CutPrefix(t.Key, "username:"); ok {
 		return u
+	}
+	if p, ok := strings.CutPrefix(t.Key, "pair:"); ok {
+		if i := strings.LastIndex(p, "|"); i > 0 {
+			return p[:i]
+		}
 	}
 	return ""
 }

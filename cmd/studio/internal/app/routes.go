@@ -40,13 +40,16 @@ func (a *App) routes() http.Handler {
 	mux.Handle("GET /api/events", historyRoute(ep.events, a.eventHistory().handler(a)))
 	mux.Handle("GET /api/alerts", historyRoute(ep.alerts, a.alertHistory().handler(a)))
 	mux.Handle("GET /audit", a.pageToken(auditSignInForm, historyRoute(ep.audit, a.handleAuditPage)))
-	mux.Handle("POST /audit", crossOrigin.Handler(http.HandlerFunc(a.handleAuditSignIn)))
+	// The pages' forms take a token in their body: requests without one,
+	// under the address's rate (and its ban) before the token is looked up.
+	mux.Handle("POST /audit", crossOrigin.Handler(a.addressLimited(http.HandlerFunc(a.handleAuditSignIn))))
 	mux.Handle("GET /api/nodes/{node}/queues", api(http.HandlerFunc(a.handleQueues)))
 	mux.Handle("GET /api/limits", api(requireOperator(http.HandlerFunc(a.handleLimits))))
 	mux.Handle("POST /api/limits/rules", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleRuleAdd)))))
 	mux.Handle("GET /api/limits/rules", api(requireOperator(http.HandlerFunc(a.handleRuleList))))
 	mux.Handle("DELETE /api/limits/rules/{id}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleRuleRemove)))))
-	mux.Handle("DELETE /api/limits/bans/{key}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleBanLift)))))
+	// {key...}: an IPv6 prefix as the bans list it has a slash.
+	mux.Handle("DELETE /api/limits/bans/{key...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleBanLift)))))
 	mux.Handle("DELETE /api/limits/sign-in/{username}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInReset)))))
 	// {address...}: an IPv6 prefix as the throttle lists it has a slash.
 	mux.Handle("DELETE /api/limits/sign-in/address/{address...}", crossOrigin.Handler(api(requireOperator(http.HandlerFunc(a.handleSignInAddressReset)))))
@@ -59,9 +62,9 @@ func (a *App) routes() http.Handler {
 	// its script.
 	mux.Handle("GET /limits", a.pageToken(limitsSignInForm, api(requireOperator(http.HandlerFunc(a.handleLimitsPage)))))
 	mux.Handle("GET /limits/live", a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleLimitsLive)))))
-	mux.Handle("POST /limits", crossOrigin.Handler(http.HandlerFunc(a.handleLimitsSignIn)))
+	mux.Handle("POST /limits", crossOrigin.Handler(a.addressLimited(http.HandlerFunc(a.handleLimitsSignIn))))
 	mux.Handle("POST /limits/sign-in/reset", crossOrigin.Handler(a.pageToken(nil, api(requireOperator(http.HandlerFunc(a.handleSignInResetForm))))))
-	mux.HandleFunc("GET /limits/refresh.js", handleLimitsScript)
+	mux.Handle("GET /limits/refresh.js", a.addressLimited(http.HandlerFunc(handleLimitsScript)))
 
 	mux.HandleFunc("GET /healthz", a.handleHealthz)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -59,16 +60,16 @@ func parseSession(body []byte) (req sessionRequest, ok bool) {
 	return sessionRequest{Username: *v.Username, Password: *v.Password}, true
 }
 
-// signInKey keys the sign-in throttle on the username of the body,
-// normalised as signin's default key is, whatever the Content-Type says
-// (the service reads every JSON body that way, and curl -d sends a form
-// type). The body must be a sign-in request handleSession accepts
-// (parseSession): a malformed one is not identified, so the throttle
-// answers it 400 invalid-sign-in-request before it writes anything, and
-// handleSession never runs. A parse laxer than the handler's would let
-// anyone fill the throttle table with rows of requests the handler
-// refuses without checking a password.
-func signInKey(r *http.Request) (string, bool) {
+// signInUsername is the username of a sign-in body, normalised as
+// signin's default is, whatever the Content-Type says (the service reads
+// every JSON body that way, and curl -d sends a form type), for every
+// sign-in throttle's key and device cookie. The body must be a sign-in
+// request handleSession accepts (parseSession): a malformed one has no
+// username, so the throttles answer it 400 invalid-sign-in-request before
+// they write anything, and handleSession never runs. A parse laxer than
+// the handler's would let anyone fill the throttle table with rows of
+// requests the handler refuses without checking a password.
+func signInUsername(r *http.Request) (string, bool) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return "", false
@@ -78,30 +79,31 @@ func signInKey(r *http.Request) (string, bool) {
 		return "", false
 	}
 	username := signin.NormalizeUsername(req.Username)
-	if username == "" {
-		return "", false
-	}
-	return "username:" + username, true
+	return username, username != ""
 }
 
-// signInAddressKey keys the address's sign-in throttle on the client
-// address (clientKey: the peer, or what a trusted proxy forwarded) of a
-// body signInKey accepts: a malformed one is not identified, and the
-// throttle answers it 400 before it writes anything.
-func (a *App) signInAddressKey(r *http.Request) (string, bool) {
-	if _, ok := signInKey(r); !ok {
-		return "", false
+// setupDevices reads the keys of the sign-in throttle's device cookies
+// (device_cookie_key, made by the service's migration; the newest signs).
+// Every replica reads the same keys, so each accepts a cookie another set.
+func (a *App) setupDevices(ctx context.Context) error {
+	keys, err := a.q.DeviceCookieKeys(ctx, a.primary)
+	if err != nil {
+		return fmt.Errorf("device cookie keys: %w", err)
 	}
-	k, _ := a.clientKey(r)
-	return "address:" + k, true
+	a.devices, err = signin.NewDevices(signin.DeviceOptions{Keys: keys})
+	return err
 }
 
 // signInLimited wraps the sign-in handler in its throttles: the client
-// address's (when on) around the username's, so the address is asked
-// first and a sign-in the username refuses gives the address's attempt
-// back.
+// address's (when on) around the pair's (username and client) around
+// the username's over every client (when on), so the widest is asked
+// first and a sign-in an inner one refuses gives the outer attempts back.
 func (a *App) signInLimited(next http.Handler) http.Handler {
-	h := a.signin.Handler(next)
+	h := next
+	if a.signinUser != nil {
+		h = a.signinUser.Handler(h)
+	}
+	h = a.signin.Handler(h)
 	if a.signinAddr != nil {
 		h = a.signinAddr.Handler(h)
 	}

@@ -119,3 +119,30 @@ func (q *Queries) AppUserByName(ctx context.Context, db DBTX, username string) (
 	err := row.Scan(&i.ID, &i.Username, &i.PasswordHash)
 	return &i, err
 }
+
+const DeviceCookieKeys = `-- name: DeviceCookieKeys :many
+SELECT key FROM device_cookie_key ORDER BY id DESC LIMIT 8
+`
+
+// The keys of the sign-in throttle's device cookies, newest first: the
+// first signs, all verify (middleware/signin's DeviceOptions.Keys). Read
+// once at start-up.
+func (q *Queries) DeviceCookieKeys(ctx context.Context, db DBTX) ([][]byte, error) {
+	rows, err := db.Query(ctx, DeviceCookieKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items [][]byte
+	for rows.Next() {
+		var key []byte
+		if err := rows.Scan(&key); err != nil {
+			return nil, err
+		}
+		items = append(items, key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

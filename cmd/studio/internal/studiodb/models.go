@@ -56,6 +56,12 @@ type DemoSeed struct {
 	SeededAt time.Time
 }
 
+type DeviceCookieKey struct {
+	ID        int64
+	Key       []byte
+	CreatedAt time.Time
+}
+
 type Event struct {
 	ID         int64
 	OccurredAt time.Time

@@ -25,3 +25,9 @@ SELECT t.id, t.name, u.username
 FROM api_token AS t
 JOIN app_user AS u ON u.id = t.user_id
 WHERE t.id = ANY (@ids::bigint[]);
+
+-- name: DeviceCookieKeys :many
+-- The keys of the sign-in throttle's device cookies, newest first: the
+-- first signs, all verify (middleware/signin's DeviceOptions.Keys). Read
+-- once at start-up.
+SELECT key FROM device_cookie_key ORDER BY id DESC LIMIT 8;
