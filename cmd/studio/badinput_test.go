@@ -79,7 +79,7 @@ func multipartFile(name string, content []byte) ([]byte, string) {
 // problem+json with the contract's slug, answered within 10 s.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	procs, _ := studio(t, 1, "-max-upload-bytes", "1024", "-sign-in-failures", "1000")
+	procs, _ := studio(t, 1, "-max-upload-bytes", "1024", "-sign-in-failures", "1000", "-sign-in-username-failures", "1000")
 	base := procs[0].URL
 
 	next := func(path string) string {
@@ -268,7 +268,7 @@ func TestConsoleAbuse(t *testing.T) {
 	dbURL := pgtest.URL(t, studioMigration)
 	// Every health check's failed sign-in comes from 127.0.0.1: the
 	// address's throttle is raised as the username's is.
-	flags := []string{"-sql-console-time", "2s", "-sql-console-rows", "100", "-sign-in-failures", "10000",
+	flags := []string{"-sql-console-time", "2s", "-sql-console-rows", "100", "-sign-in-failures", "10000", "-sign-in-username-failures", "10000",
 		"-sign-in-address-failures", "10000"}
 	// The abused replica's pool has one connection: whatever a statement
 	// leaves on its session meets the next request.

@@ -95,6 +95,9 @@ func TestFlags(t *testing.T) {
 		"-history-time", "-history-rows", "-flow-time", "-flow-rows", "-sign-in-failures", "-sign-in-window", "-uploads-per-hour", "-token-in-flight", "-token-in-flight-keep", "-node", "-node-rate",
 		"-api-rate", "-api-burst", "-dry-run", "-ban-after", "-ban-within", "-ban-for",
 		"-api-quota", "-quota-timezone", "-export-rows-per-day", "-plugin-bytes-per-month",
+		"-trusted-proxies", "-client-address-header", "-ipv6-prefix", "-address-rate", "-address-burst",
+		"-sign-in-address-failures", "-sign-in-username-failures", "-sign-in-strict", "-api-borrow",
+		"-body-timeout", "-max-conns-per-peer", "-sql-console-temp-file-limit", "-sql-console-work-mem",
 	} {
 		if !strings.Contains(string(out), "  "+name+" ") && !strings.Contains(string(out), "  "+name+"\n") {
 			t.Errorf("-h does not list %s", name)
@@ -108,6 +111,11 @@ func TestFlags(t *testing.T) {
 		{"-node", "a=ftp://x"},
 		{"-node", "a=http://x", "-node", "a=http://y"},
 		{"-node-rate", "0"},
+		{"-client-address-header", "X-Real-IP"},
+		{"-client-address-header", ""},
+		{"-body-timeout", "0"},
+		{"-max-conns-per-peer", "0"},
+		{"-sign-in-username-failures", "-1"},
 		{"-token-in-flight-keep", "-1s"},
 		{"-history-rows", "199"},
 		{"-flow-rows", "0"},

@@ -226,6 +226,13 @@ func TestMetricsCountEveryLimit(t *testing.T) {
 			// first: it grants all three (the third, refused by its
 			// username, gives the address's attempt back).
 			want["sign-in-address granted key"] = 3
+			// Inside the pair's, the username's over every client: the
+			// two the pair granted (in dry run all three go on).
+			usernameChecks := int64(2)
+			if dryRun {
+				usernameChecks = 3
+			}
+			want["sign-in-username granted user"] = usernameChecks
 			// Every request with a token passes the rate first: bob's 6
 			// heavy, alice's 6, bob's 2 uploads, carol's, bob's last.
 			want["api granted key"] = 15
@@ -246,7 +253,7 @@ func TestMetricsCountEveryLimit(t *testing.T) {
 			// The database work of each decision: a claim or a check per
 			// decision (releases and records go on after the answer).
 			wantOps := map[string]int64{"sign-in check": 3, "uploads claim": 2, "api check": 16, "in-flight claim": want["in-flight granted token"] + 1,
-				"address check": 3, "sign-in-address check": 3}
+				"address check": 3, "sign-in-address check": 3, "sign-in-username check": usernameChecks}
 			for _, h := range heavyNames {
 				wantOps[h.name+" claim"] = 2
 			}

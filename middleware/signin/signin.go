@@ -383,8 +383,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	switch opts.Scope {
 	case "", scopeUsername:
 		opts.Scope = scopeUsername
-	case scopeAddress, scopePair:
+	case scopeAddress:
 		kind = scopeKey
+	case scopePair:
+		// A pair is a user's, from one client: counted as the user's.
 	default:
 		return nil, fmt.Errorf("signin: Scope %q: want %q, %q or %q", opts.Scope, scopeUsername, scopePair, scopeAddress)
 	}

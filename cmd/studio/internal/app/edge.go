@@ -321,3 +321,14 @@ func (c *peerConn) Close() error {
 	c.once.Do(c.release)
 	return err
 }
+
+// CloseWrite half-closes the connection when the wrapped one can, as
+// net/http does before it closes a connection it answered with an error
+// (a 431 for headers too large): the client reads that answer before the
+// connection is reset.
+func (c *peerConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
