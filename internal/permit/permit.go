@@ -47,7 +47,13 @@
 // leave (before that batch's claims), and waits until it has
 // landed, so that a caller who answered after Release returned has given
 // its slots back on every replica: a client that got its answer and sends
-// the next request is never refused for the slot it just held. A claim the
+// the next request is never refused for the slot it just held. A release
+// that travels in a batch with others is waited for until that batch has
+// landed. ReleaseBeforeAnswer, the Handlers' release, waits so for as long
+// as the database answers within the Leaser's Timeout; only past it does
+// the answer go out without the release, which goes on in the background
+// (TestSequentialClientNeverRefusedByItsOwnPermit in middleware/heavy,
+// TestReleaseBeforeAnswerWaitsForItsBatch here). A claim the
 // same Leaser makes while a release is on its way never finds the released
 // slots held either: it travels after the release, or, when it raced the
 // release's round trip and was refused, it is judged again once the
@@ -97,14 +103,6 @@ const (
 	// UploadWindow is pglimit.upload_window (uploads per rolling window).
 	UploadWindow Kind = "upload_window"
 )
-
-// AnswerWait is how long a Handler keeps its answer waiting for the
-// release (internal/slots, Held.ReleaseWithin), and the wait
-// ReleaseWithin keeps a timer of its own for: long enough for a release to
-// land, so a client that got its answer never finds its own slot held,
-// short enough that a database that stopped answering delays the answer by
-// at most this much while the release goes on under the Leaser's Timeout.
-const AnswerWait = time.Second
 
 // maxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
 // of every cap in every package.
@@ -218,7 +216,7 @@ type Leaser struct {
 	log      *slog.Logger
 	onRel    func(time.Duration, error)
 	bound    coarse         // each round trip's bound: timeout
-	answer   coarse         // ReleaseWithin's bound: AnswerWait
+	answer   coarse         // ReleaseBeforeAnswer's bound: answerWait(timeout)
 	citus    citus.Detector // whether claims run on a Citus scope's shard (onShard)
 
 	mu        sync.Mutex
@@ -254,7 +252,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
 	}
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
 		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease, bound: coarse{d: opts.Timeout, own: true},
-		answer:  coarse{d: AnswerWait},
+		answer:  coarse{d: answerWait(opts.Timeout)},
 		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}, nil
 }
 
@@ -372,20 +370,43 @@ func (l *Lease) releaseBy(ctx, bound context.Context) error {
 }
 
 // ReleaseWithin is Release waiting at most d (and no longer than ctx):
-// past d the release goes on without the caller. The Handlers release with
-// it and AnswerWait before their answer completes. (With d = AnswerWait it
-// waits between d and d + d/32, and costs no timer of its own.)
+// past d the release goes on without the caller.
 func (l *Lease) ReleaseWithin(ctx context.Context, d time.Duration) error {
 	if l == nil || l.leaser == nil {
 		return nil
-	}
-	if d == AnswerWait {
-		return l.releaseBy(ctx, l.leaser.answer.get())
 	}
 	bound, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return l.releaseBy(ctx, bound)
 }
+
+// ReleaseBeforeAnswer is the release a Handler makes before its answer
+// completes: Release waiting for as long as the database answers within
+// the Leaser's Timeout (and no longer than ctx, the client's). It waits
+// for the round trip that carries the release — its own, or a batch
+// shared with other releases and claims — until it lands, or fails, or
+// the Timeout less a sixteenth has passed (between that and the Timeout
+// itself, with no timer of its own): so a database that does not answer
+// delays the answer by less than the Timeout, and the release's own round
+// trip, bounded by the whole Timeout, is still on its way then and goes on
+// in the background (Flush waits for it); should it fail too, the slots
+// lapse at the end of their lease. A client that reads the answer and then
+// sends its next request so never finds its own slot held while the
+// database answers within the Timeout, however slow the machine.
+func (l *Lease) ReleaseBeforeAnswer(ctx context.Context) error {
+	if l == nil || l.leaser == nil {
+		return nil
+	}
+	return l.releaseBy(ctx, l.leaser.answer.get())
+}
+
+// answerWait is how long ReleaseBeforeAnswer waits at most for a Leaser
+// of this Timeout, less the coarse timer's slack (a thirty-second of it):
+// the Timeout less a sixteenth, so that the wait ends before the round trip
+// that carries the release is cut by its own bound (at least the Timeout
+// after it starts): the release is then still on its way, and goes on
+// without the caller.
+func answerWait(timeout time.Duration) time.Duration { return timeout - timeout/16 }
 
 // ScopeKey joins parts into a scope key, escaping the separator so that
 // ("a:b", "c") and ("a", "b:c") never name the same scope.

@@ -337,8 +337,8 @@ func TestScopeKeyIsInjective(t *testing.T) {
 }
 
 // TestReleaseOnAFrozenDatabase freezes the database (SIGSTOP) while a
-// slot is held: Release waits no longer than its ctx (the Handlers give it
-// the answer wait (1 s)) and the release goes on without it; Flush says the
+// slot is held: Release waits no longer than its ctx (ReleaseWithin's
+// wait here) and the release goes on without it; Flush says the
 // release has not landed while the database stays frozen, and once it
 // answers again Flush sees the release to it and the slot is free to
 // another replica.
@@ -422,7 +422,7 @@ func TestReleasedSlotIsFreeOnEveryReplica(t *testing.T) {
 // TestClaimAfterOwnReleaseIsNeverRefused: a caller that releases and then
 // claims again on the same Leaser, at cap 1, is granted every time, even
 // when it stopped waiting for its release (a ctx already ended, as a
-// client gone or the answer wait (1 s) passed): the release goes on without
+// client gone or an answer that stopped waiting): the release goes on without
 // it, and the claim may travel in another batch while the release is
 // still in flight (the pause between them, up to a few round trips, lands
 // claims in every phase of the release's round trip).

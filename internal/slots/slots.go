@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -210,11 +211,57 @@ func NewPermit[P any](held Held, refusal any, err error) (P, error) {
 // holder vanished lapses that long after the bound.
 const Grace = 30 * time.Second
 
-// ReleaseWithin is a Handler's release before the answer completes:
-// Release waiting permit.AnswerWait at most (a failure is logged by the Leaser).
-func (h Held) ReleaseWithin(ctx context.Context) {
-	if h.lease != nil && (h.kept == nil || !h.kept.k.put(h.kept, h.gen)) {
-		_ = h.lease.ReleaseWithin(ctx, permit.AnswerWait)
+// answerKey is the context key of a request's answer (Answer).
+type answerKey struct{}
+
+// answer is what the slot Handlers around one request (an in-flight slot,
+// a heavy permit, an upload slot, nested) share of its answer.
+type answer struct {
+	// client is the request's context as the outermost of them got it: it
+	// ends when the client goes away, never at an inner Handler's bound.
+	client context.Context
+	// late: a release of this answer did not land within its wait (the
+	// database does not answer within the Timeout), so the answer waits for
+	// no other release: a database that hangs delays it by one wait, not
+	// one per Handler.
+	late atomic.Bool
+}
+
+// Answer returns ctx carrying the answer of its request, the one an outer
+// slot Handler put there or a new one: a Handler passes it to next (and
+// derives next's context from it) and releases with it
+// (Held.ReleaseBeforeAnswer).
+func Answer(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(answerKey{}).(*answer); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, answerKey{}, &answer{client: ctx})
+}
+
+// ReleaseBeforeAnswer is a Handler's release before the answer completes,
+// with ctx from Answer: the answer waits until the release has landed, in
+// its own round trip or in the batch that carries it, for as long as the
+// database answers within the Timeout (permit.Lease.ReleaseBeforeAnswer),
+// so that a client that reads the answer before it sends its next request
+// is never refused by its own slot; it stops waiting when the client goes
+// away. When a release of the same answer did not land within its wait,
+// the database is not answering: this one is sent without waiting. A
+// failure is logged by the Leaser. With Keep, a slot kept for the scope's
+// next claim costs no statement and no wait.
+func (h Held) ReleaseBeforeAnswer(ctx context.Context) {
+	if h.lease == nil || h.kept != nil && h.kept.k.put(h.kept, h.gen) {
+		return
+	}
+	a, _ := ctx.Value(answerKey{}).(*answer)
+	if a == nil {
+		a = &answer{client: ctx}
+	}
+	if a.late.Load() {
+		_ = h.lease.ReleaseWithin(a.client, 0)
+		return
+	}
+	if err := h.lease.ReleaseBeforeAnswer(a.client); err != nil && a.client.Err() == nil {
+		a.late.Store(true)
 	}
 }
 

@@ -123,7 +123,10 @@ type Options struct {
 	InstallationLimit int
 	// Timeout bounds the database work of one claim or one release when
 	// the caller's context has no sooner deadline, so a database that hangs
-	// fails the request (503) instead of hanging it. Default 5s.
+	// fails the request (503) instead of hanging it. The Handler's answer
+	// waits for the release of its permits for as long as the database
+	// answers within it (less a sixteenth); past that the answer goes out
+	// and the release goes on in the background. Default 5s.
 	Timeout time.Duration
 	// Replica names this replica on its permits. Default host:pid.
 	Replica string
@@ -276,10 +279,12 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			// Dry run: the headers the refusal would have had, no permit.
 			addRateLimitHeaders(w.Header(), refusal)
 		}
-		// The answer completes once the permits are back (the answer wait (1 s)
-		// at most); a failed release is logged by the Leaser.
-		defer held.ReleaseWithin(r.Context())
-		ctx, cancel := NewContext(r.Context(), l.bounds())
+		// The answer completes once the permits are back, while the
+		// database answers within Options.Timeout; a failed release is
+		// logged by the Leaser.
+		actx := slots.Answer(r.Context())
+		defer held.ReleaseBeforeAnswer(actx)
+		ctx, cancel := NewContext(actx, l.bounds())
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

@@ -146,7 +146,10 @@ type Options struct {
 	MaxDuration time.Duration
 	// Timeout bounds the database work of one claim or one release when
 	// the caller's context has no sooner deadline, so a database that hangs
-	// fails the request (503) instead of hanging it. Default 5s.
+	// fails the request (503) instead of hanging it. The Handler's answer
+	// waits for the release of its slot for as long as the database
+	// answers within it (less a sixteenth); past that the answer goes out
+	// and the release goes on in the background. Default 5s.
 	Timeout time.Duration
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
@@ -300,8 +303,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			l.onError(w, r, err)
 			return
 		}
-		defer held.ReleaseWithin(r.Context())
-		ctx, cancel := context.WithTimeout(r.Context(), l.maxDur)
+		// The answer completes once the slot is back, while the database
+		// answers within Options.Timeout (see limit.Permit.Release).
+		actx := slots.Answer(r.Context())
+		defer held.ReleaseBeforeAnswer(actx)
+		ctx, cancel := context.WithTimeout(actx, l.maxDur)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

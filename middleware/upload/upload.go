@@ -95,7 +95,10 @@ type Options struct {
 	Counts func(status int) bool
 	// Timeout bounds the database work of one claim or one release when
 	// the caller's context has no sooner deadline, so a database that hangs
-	// fails the request (503) instead of hanging it. Default 5s.
+	// fails the request (503) instead of hanging it. The Handler's answer
+	// waits for the release of its slot for as long as the database
+	// answers within it (less a sixteenth); past that the answer goes out
+	// and the release goes on in the background. Default 5s.
 	Timeout time.Duration
 	// Replica names this replica on its rows. Default host:pid.
 	Replica string
@@ -233,16 +236,18 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 			rb = http.NoBody
 		}
 		body := &bodyReader{ReadCloser: rb}
-		req := r.WithContext(r.Context()) // a copy: r itself is never changed
+		actx := slots.Answer(r.Context())
+		req := r.WithContext(actx) // a copy: r itself is never changed
 		req.Body = body
 		keep := false
 		defer func() {
 			if keep {
 				return
 			}
-			// The answer completes once the slot is back (the answer wait (1 s)
-			// at most); a failure is logged by the Leaser.
-			slot.ReleaseWithin(r.Context())
+			// The answer completes once the slot is back, while the
+			// database answers within Options.Timeout; a failure is logged
+			// by the Leaser.
+			slot.ReleaseBeforeAnswer(actx)
 		}()
 		next.ServeHTTP(sw, req)
 		// Only reached when next returned (no panic).
