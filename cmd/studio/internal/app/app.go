@@ -94,11 +94,12 @@ type App struct {
 	readyReplicas atomic.Int64
 	nodes         map[string]*jolokia.Client
 
-	consoleRole      bool            // the console runs as the service with SET ROLE studio_console (a fallback)
-	consolePerUser   bool            // each console user logs in as a role of their own
-	consoleOnPrimary bool            // the console runs on the primary's pool, as the service's role (a fallback)
-	consoleBase      *pgx.ConnConfig // the console's connection (per user: its user and password are replaced)
-	consoleLogins    sync.Map        // username → *pgx.ConnConfig of the user's role, made on first use
+	consoleRole      bool              // the console runs as the service with SET ROLE studio_console (a fallback)
+	consolePerUser   bool              // each console user logs in as a role of their own
+	consoleOnPrimary bool              // the console runs on the primary's pool, as the service's role (a fallback)
+	consoleBase      *pgx.ConnConfig   // the console's connection (per user: its user and password are replaced)
+	consoleLogins    sync.Map          // username → *pgx.ConnConfig of the user's role, made on first use
+	consoleRes       *consoleResources // what console statements run with (checkConsoleResources)
 	// tokens are the tokens this replica verified lately, and lookups the
 	// banned addresses' budgets of token lookups (banGuard).
 	tokens  tokenMemory

@@ -415,6 +415,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("-ipv6-prefix must be from 1 to 128"))
 	}
 	positiveDur("sql-console-time", c.SQLConsoleTime)
+	errs = append(errs, c.consoleMemoryErrors()...)
 	positiveDur("export-time", c.ExportTime)
 	positiveDur("history-time", c.HistoryTime)
 	positiveDur("flow-time", c.FlowTime)

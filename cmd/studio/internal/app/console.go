@@ -38,6 +38,10 @@ const (
 // errResponseFull stops a console result at maxResponseBytes.
 var errResponseFull = errors.New("console: the response reached its size cap")
 
+// errConsoleParameters refuses a statement with parameters ($1): the
+// console has no values to send for them.
+var errConsoleParameters = errors.New("console: the statement has parameters")
+
 type consoleRequest struct {
 	SQL string `json:"sql"`
 }
@@ -72,6 +76,13 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 		invalidSQL(w, "The sql member is empty.", "")
 		return
 	}
+	// PostgreSQL's protocol ends a statement's text at a NUL: sent, the
+	// rest of the message is garbage to the server, which drops the
+	// connection (a protocol violation, not the statement's error).
+	if strings.IndexByte(stmt, 0) >= 0 {
+		invalidSQL(w, "The statement contains a NUL character (\\u0000), which PostgreSQL does not take in a statement's text.", "")
+		return
+	}
 	id, _ := IdentityFrom(r.Context())
 	var (
 		res  = &consoleResult{}
@@ -83,15 +94,23 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 	conn := &throwawayConn{connect: func(ctx context.Context) (*pgx.Conn, func(), error) { return a.consoleConnect(ctx, id.Username) }}
 	defer conn.close()
 	err := heavy.Read(r.Context(), conn, func(tx pgx.Tx) error {
-		if a.consoleRole {
-			if err := a.q.ConsoleEnterRole(r.Context(), tx); err != nil {
-				return err
-			}
+		if err := a.consoleEnter(r.Context(), tx); err != nil {
+			return err
 		}
 		// The operator's statement is the one SQL string of this service
-		// that sqlc cannot know: it is the console's input. DescribeExec
-		// uses the extended protocol, which runs exactly one statement.
-		rows, err := tx.Query(r.Context(), stmt, pgx.QueryExecModeDescribeExec)
+		// that sqlc cannot know: it is the console's input. It is prepared
+		// (the extended protocol, which takes exactly one statement), so
+		// that a statement with parameters, for which the console has no
+		// values, is refused as such before it runs; the query then runs
+		// the prepared statement.
+		sd, err := tx.Conn().Prepare(r.Context(), stmt, stmt)
+		if err != nil {
+			return err
+		}
+		if len(sd.ParamOIDs) > 0 {
+			return errConsoleParameters
+		}
+		rows, err := tx.Query(r.Context(), stmt)
 		if err != nil {
 			return err
 		}
@@ -111,11 +130,19 @@ func (a *App) handleConsole(w http.ResponseWriter, r *http.Request) {
 	conn.close()
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && userSQLError(pgErr) {
+		switch {
+		case errors.Is(err, errConsoleParameters):
+			invalidSQL(w, "Parameters ($1, $2, …) are not supported: the console sends a statement without values for them. Write the values into the statement.", "")
+		case errors.As(err, &pgErr) && pgErr.Code == "53400": // configuration_limit_exceeded
+			// temp_file_limit (-sql-console-temp-file-limit): the
+			// statement's own size, as at its time bound; the same
+			// statement fails again.
+			invalidSQL(w, "The statement needs more temporary file space than a console statement may use (temp_file_limit, -sql-console-temp-file-limit): "+pgErr.Message, pgErr.Code)
+		case errors.As(err, &pgErr) && userSQLError(pgErr):
 			invalidSQL(w, "The statement failed: "+pgErr.Message, pgErr.Code)
-			return
+		default:
+			a.heavyError(w, r, err)
 		}
-		a.heavyError(w, r, err)
 		return
 	}
 	if mark.Bound == heavy.BoundTime && mark.Rows == 0 {

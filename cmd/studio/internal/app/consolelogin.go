@@ -23,7 +23,17 @@ const consoleProbeUser = "(probe)"
 // role, as its log line says.
 const consoleShared = "console users share one session role: each can read the others' running statements in pg_stat_activity and cancel or terminate them"
 
-// setupConsole chooses how the SQL console logs in, best first:
+// setupConsole chooses how the SQL console logs in
+// (chooseConsoleLogin), then reads what its statements run with and says
+// what they lost (checkConsoleResources).
+func (a *App) setupConsole(ctx context.Context) error {
+	if err := a.chooseConsoleLogin(ctx); err != nil {
+		return err
+	}
+	return a.checkConsoleResources(ctx)
+}
+
+// chooseConsoleLogin chooses how the SQL console logs in, best first:
 //
 //   - -sql-console-url, when given, as it is (a failure is fatal);
 //   - each user as a role of their own, made on first use
@@ -35,7 +45,7 @@ const consoleShared = "console users share one session role: each can read the o
 //     statement can undo, or without it, in a read-only transaction.
 //
 // Every choice but the second says in the log what the console lost.
-func (a *App) setupConsole(ctx context.Context) error {
+func (a *App) chooseConsoleLogin(ctx context.Context) error {
 	if a.cfg.SQLConsoleURL != "" {
 		cfg, err := a.consoleConfig(a.cfg.SQLConsoleURL)
 		if err == nil {
@@ -150,8 +160,9 @@ func (a *App) checkConsole(ctx context.Context, cfg *pgx.ConnConfig, want string
 }
 
 // consoleLogin returns the connection configuration of username's own
-// console role, making the role (or making it so again) the first time
-// this replica needs it.
+// console role, making the role (or making it so again: renamed from an
+// old name, with the console's resource settings) the first time this
+// replica needs it.
 func (a *App) consoleLogin(ctx context.Context, username string) (*pgx.ConnConfig, error) {
 	if cfg, ok := a.consoleLogins.Load(username); ok {
 		return cfg.(*pgx.ConnConfig), nil
@@ -160,7 +171,8 @@ func (a *App) consoleLogin(ctx context.Context, username string) (*pgx.ConnConfi
 	if err != nil {
 		return nil, err
 	}
-	if err := a.q.ConsoleLoginRole(ctx, a.primary, &studiodb.ConsoleLoginRoleParams{RoleName: login.RoleName, Password: login.Password}); err != nil {
+	if err := a.q.ConsoleLoginRole(ctx, a.primary, &studiodb.ConsoleLoginRoleParams{RoleName: login.RoleName, OldRoleName: login.OldRoleName,
+		Password: login.Password, TempFileLimit: a.cfg.SQLConsoleTempFileLimit, WorkMem: a.cfg.SQLConsoleWorkMem}); err != nil {
 		return nil, err
 	}
 	cfg := a.consoleBase.Copy()

@@ -96,6 +96,10 @@ type limitsResponse struct {
 	ListMax int `json:"listMax"`
 	// Totals are how many rows each bounded list has in all.
 	Totals listTotals `json:"totals"`
+	// Console is what a console statement runs with (temp_file_limit,
+	// work_mem, parallel workers) and what of its settings it runs without,
+	// and why, as this replica read it at start-up.
+	Console *consoleResourcesJSON `json:"console"`
 }
 
 // listTotals count every live row of each bounded list of the operator
@@ -123,6 +127,7 @@ func (a *App) readLimits(ctx context.Context) (*limitsResponse, error) {
 	resp := &limitsResponse{
 		Permits: []limitRow{}, Throttles: []throttleRow{}, UploadWindows: []limitRow{}, InFlight: []limitRow{}, Bans: []banRow{}, Replicas: []replicaRow{},
 		InstallationCap: a.installationCap(), DryRun: []string{}, Replica: a.cfg.ReplicaName,
+		Console: a.consoleRes.json(),
 	}
 	for _, n := range LimitNames {
 		if a.cfg.DryRun[n] {

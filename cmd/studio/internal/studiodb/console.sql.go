@@ -9,6 +9,28 @@ import (
 	"context"
 )
 
+const ConsoleBound = `-- name: ConsoleBound :exec
+SELECT set_config('work_mem', $1::text, true),
+       set_config('max_parallel_workers_per_gather', '0', true),
+       CASE WHEN $2::text <> '' THEN set_config('temp_file_limit', $2::text, true) END
+`
+
+type ConsoleBoundParams struct {
+	WorkMem       string
+	TempFileLimit string
+}
+
+// The console's resource settings for the rest of the transaction, in every
+// way the console logs in (a role of the user's own has them as its
+// settings too): work_mem and no parallel workers, which any session may
+// set, and temp_file_limit when temp_file_limit is not empty (only on the
+// service's own connection of a superuser service: a console role may not
+// set it, console_login_role sets it on the role).
+func (q *Queries) ConsoleBound(ctx context.Context, db DBTX, arg *ConsoleBoundParams) error {
+	_, err := db.Exec(ctx, ConsoleBound, arg.WorkMem, arg.TempFileLimit)
+	return err
+}
+
 const ConsoleCanCreateRoles = `-- name: ConsoleCanCreateRoles :one
 SELECT coalesce((SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user), false)::boolean AS can
 `
@@ -33,42 +55,66 @@ func (q *Queries) ConsoleEnterRole(ctx context.Context, db DBTX) error {
 }
 
 const ConsoleLoginClaim = `-- name: ConsoleLoginClaim :one
+WITH keyed AS (
+    SELECT 'studio_console_' || left(encode(sha256(k.outer_pad || sha256(k.inner_pad ||
+               convert_to(current_database() || '/' || $1::text, 'UTF8'))), 'hex'), 16) AS role_name
+    FROM console_role_key AS k
+), before AS (
+    SELECT l.role_name FROM console_login AS l WHERE l.username = $1::text
+)
 INSERT INTO console_login (username, role_name, password)
-VALUES ($1::text,
-        'studio_console_' || left(md5(current_database() || '/' || $1::text), 16),
-        md5(gen_random_uuid()::text) || md5(gen_random_uuid()::text))
-ON CONFLICT (username) DO UPDATE SET username = excluded.username
-RETURNING role_name, password
+SELECT $1::text, keyed.role_name, md5(gen_random_uuid()::text) || md5(gen_random_uuid()::text)
+FROM keyed
+ON CONFLICT (username) DO UPDATE SET role_name = excluded.role_name
+RETURNING role_name, password, coalesce((SELECT before.role_name FROM before), '')::text AS old_role_name
 `
 
 type ConsoleLoginClaimRow struct {
-	RoleName string
-	Password string
+	RoleName    string
+	Password    string
+	OldRoleName string
 }
 
-// The console login of a user of the service: their role's name (unique in
-// the cluster: it hashes this database's name with the user's) and its
-// password (244 random bits), made on first use. Replicas that claim one
+// The console login of a user of the service: their role's name and its
+// password (244 random bits), made on first use. The name is
+// 'studio_console_' and the first 16 hex digits of HMAC-SHA256 under the
+// installation's console_role_key of this database's name and the
+// username: unique in the cluster, and nobody without the key can tell
+// whose it is. A row of an older name (left(md5(...), 16), or a key since
+// replaced) takes the keyed name, and old_role_name returns the name it
+// had (” for a new row), for console_login_role to rename the role. Replicas that claim one
 // user at once get the same row.
 func (q *Queries) ConsoleLoginClaim(ctx context.Context, db DBTX, username string) (*ConsoleLoginClaimRow, error) {
 	row := db.QueryRow(ctx, ConsoleLoginClaim, username)
 	var i ConsoleLoginClaimRow
-	err := row.Scan(&i.RoleName, &i.Password)
+	err := row.Scan(&i.RoleName, &i.Password, &i.OldRoleName)
 	return &i, err
 }
 
 const ConsoleLoginRole = `-- name: ConsoleLoginRole :exec
-SELECT console_login_role($1::text, $2::text)
+SELECT console_login_role($1::text, $2::text, $3::text,
+                          $4::text, $5::text)
 `
 
 type ConsoleLoginRoleParams struct {
-	RoleName string
-	Password string
+	RoleName      string
+	OldRoleName   string
+	Password      string
+	TempFileLimit string
+	WorkMem       string
 }
 
-// Make (or make again) the role of a console login: see console_login_role.
+// Make (or make again) the role of a console login, renamed from its old
+// name if it has one, with the console's resource settings: see
+// console_login_role (00008).
 func (q *Queries) ConsoleLoginRole(ctx context.Context, db DBTX, arg *ConsoleLoginRoleParams) error {
-	_, err := db.Exec(ctx, ConsoleLoginRole, arg.RoleName, arg.Password)
+	_, err := db.Exec(ctx, ConsoleLoginRole,
+		arg.RoleName,
+		arg.OldRoleName,
+		arg.Password,
+		arg.TempFileLimit,
+		arg.WorkMem,
+	)
 	return err
 }
 
@@ -104,5 +150,26 @@ func (q *Queries) ConsoleSession(ctx context.Context, db DBTX) (*ConsoleSessionR
 	row := db.QueryRow(ctx, ConsoleSession)
 	var i ConsoleSessionRow
 	err := row.Scan(&i.SessionUserName, &i.Superuser)
+	return &i, err
+}
+
+const ConsoleSettings = `-- name: ConsoleSettings :one
+SELECT current_setting('temp_file_limit') AS temp_file_limit,
+       current_setting('work_mem') AS work_mem,
+       current_setting('max_parallel_workers_per_gather')::int AS parallel_workers
+`
+
+type ConsoleSettingsRow struct {
+	TempFileLimit   string
+	WorkMem         string
+	ParallelWorkers int32
+}
+
+// What a console session runs with: read once at start-up through the
+// console's own way in, to say what it could not set.
+func (q *Queries) ConsoleSettings(ctx context.Context, db DBTX) (*ConsoleSettingsRow, error) {
+	row := db.QueryRow(ctx, ConsoleSettings)
+	var i ConsoleSettingsRow
+	err := row.Scan(&i.TempFileLimit, &i.WorkMem, &i.ParallelWorkers)
 	return &i, err
 }

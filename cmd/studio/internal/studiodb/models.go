@@ -51,6 +51,13 @@ type ConsoleLogin struct {
 	CreatedAt time.Time
 }
 
+type ConsoleRoleKey struct {
+	ID       bool
+	Key      []byte
+	InnerPad []byte
+	OuterPad []byte
+}
+
 type DemoSeed struct {
 	Name     string
 	SeededAt time.Time
