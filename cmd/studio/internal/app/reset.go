@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -45,20 +46,25 @@ func (a *App) handleSignInResetForm(w http.ResponseWriter, r *http.Request) {
 
 // resetSignIn clears username's throttles — every pair of it (each client
 // address and device it failed from) and, when on, its count over every
-// client — and records the audit event limits.reset of each
-// (resetThrottle). It answers the request itself when it fails.
+// client — and records one audit event limits.reset (resetThrottle):
+// failures are the pairs', usernameFailures the count over every client.
+// It answers the request itself when it fails.
 func (a *App) resetSignIn(w http.ResponseWriter, r *http.Request, username string) (int, bool) {
 	name := signin.NormalizeUsername(username)
 	if name == "" || len(name) > 256 {
 		badRequest(w, "invalid-username", "Invalid username", "Give the username whose sign-in throttle to clear.")
 		return 0, false
 	}
-	n, ok := a.resetThrottle(w, r, a.signin, name, map[string]any{"limit": "sign-in", "username": name})
-	if !ok || a.signinUser == nil {
-		return n, ok
-	}
-	m, ok := a.resetThrottle(w, r, a.signinUser, name, map[string]any{"limit": "sign-in-username", "username": name})
-	return n + m, ok
+	event := map[string]any{"limit": "sign-in", "username": name}
+	return a.resetThrottle(w, r, func(ctx context.Context) (int, error) {
+		n, err := a.signin.Reset(ctx, name)
+		if err != nil || a.signinUser == nil {
+			return n, err
+		}
+		m, err := a.signinUser.Reset(ctx, name)
+		event["usernameFailures"] = m
+		return n, err
+	}, name, event)
 }
 
 // handleSignInAddressReset is DELETE /api/limits/sign-in/address/{address}:
@@ -80,7 +86,8 @@ func (a *App) handleSignInAddressReset(w http.ResponseWriter, r *http.Request) {
 			"Give the client address whose sign-in throttle to clear: an IPv4 or IPv6 address, or an IPv6 prefix as the throttle lists it.")
 		return
 	}
-	if _, ok := a.resetThrottle(w, r, a.signinAddr, key, map[string]any{"limit": "sign-in-address", "address": key}); ok {
+	reset := func(ctx context.Context) (int, error) { return a.signinAddr.Reset(ctx, key) }
+	if _, ok := a.resetThrottle(w, r, reset, key, map[string]any{"limit": "sign-in-address", "address": key}); ok {
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -104,18 +111,19 @@ func (a *App) addressKeyOf(s string) (string, bool) {
 	return k, err == nil && k != ""
 }
 
-// resetThrottle clears key's sign-in throttle in l (signin.Limiter.Reset:
-// the row goes and every replica forgets the refusal within a second) and
-// records the audit event limits.reset with event's members and the
-// failures, for every reset an operator asked for: of a key that had no
-// failures (failures 0), and of one that failed, with the reason
-// (client-gone, database-unavailable, error; the throttle may then be
-// cleared or not: Reset fails too when the row went but the replicas could
-// not be told). It answers the request itself when it fails.
-func (a *App) resetThrottle(w http.ResponseWriter, r *http.Request, l *signin.Limiter, key string, event map[string]any) (int, bool) {
+// resetThrottle runs reset, an operator's reset of a sign-in throttle
+// (signin.Limiter.Reset: the rows go and every replica forgets the
+// refusal within a second), and records the audit event limits.reset
+// with event's members and the failures, for every reset an operator
+// asked for: of a key that had no failures (failures 0), and of one that
+// failed, with the reason (client-gone, database-unavailable, error; the
+// throttle may then be cleared or not: Reset fails too when the row went
+// but the replicas could not be told). key names it in the log. It answers
+// the request itself when it fails.
+func (a *App) resetThrottle(w http.ResponseWriter, r *http.Request, reset func(context.Context) (int, error), key string, event map[string]any) (int, bool) {
 	ctx, cancel := dbContext(r.Context())
 	defer cancel()
-	failures, err := l.Reset(ctx, key)
+	failures, err := reset(ctx)
 	id, _ := IdentityFrom(r.Context())
 	event["failures"] = failures
 	a.auditChange(r, "limits.reset", "login_attempt", event, err)

@@ -101,8 +101,8 @@ func TestMalformedSignInWritesNothing(t *testing.T) {
 	if status, body := postBody(t, srv, http.MethodPost, "/api/session", "", "application/json", `{"username":"mallory","password":"wrong"}`); status != 401 {
 		t.Fatalf("a wrong password: %d %s", status, body)
 	}
-	if n := rows(); n != 2 {
-		t.Fatalf("a wrong password left %d throttle rows, want 2 (its username's and its address's)", n)
+	if n := rows(); n != 3 {
+		t.Fatalf("a wrong password left %d throttle rows, want 3 (its pair's, its address's and its username's)", n)
 	}
 	if status, body := postBody(t, srv, http.MethodPost, "/api/session", "", "application/json", `{"username":"alice","password":"studio"}`); status != 200 {
 		t.Fatalf("alice's sign-in: %d %s", status, body)
