@@ -446,7 +446,10 @@ func TestSlowConnectionsAreBounded(t *testing.T) {
 		resp.Body.Close()
 		got = append(got, resp.StatusCode)
 		if resp.StatusCode == http.StatusTooManyRequests {
-			(&response{Status: resp.StatusCode, Header: resp.Header, Body: b}).problemOf(t, http.StatusTooManyRequests, "too-many-requests")
+			m := (&response{Status: resp.StatusCode, Header: resp.Header, Body: b}).problemOf(t, http.StatusTooManyRequests, "too-many-requests")
+			if m["scope"] != "address" {
+				t.Errorf("a form post past -address-burst: scope %v, want address", m["scope"])
+			}
 		}
 	}
 	if got[3] != http.StatusTooManyRequests || got[0] == http.StatusTooManyRequests {

@@ -186,6 +186,15 @@ func TestDeviceCookieAgainstLockout(t *testing.T) {
 	// A cookie that fails the pair's limit is locked out itself, from any
 	// address; another device of carol's is not.
 	phone := laptop // her laptop's cookie, stolen
+	ctx := context.Background()
+	usernameFailures := func() (n int) {
+		t.Helper()
+		if err := pool0.QueryRow(ctx, `SELECT coalesce(sum(failures), 0) FROM pglimit.login_attempt WHERE key = 'username:carol'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	failuresBefore := usernameFailures()
 	for j := range 5 {
 		if got, _ := attempt(t, replicas[j%2], "192.0.2."+itoa(100+j), "carol", "stolen"+itoa(j), phone); got.status != http.StatusUnauthorized {
 			t.Fatalf("stolen cookie, attempt %d: %d %v", j, got.status, got.body)
@@ -194,10 +203,14 @@ func TestDeviceCookieAgainstLockout(t *testing.T) {
 	if got, _ := attempt(t, replicas[0], "192.0.2.200", "carol", rightPassword, phone); got.status != http.StatusTooManyRequests || got.body["scope"] != "pair" {
 		t.Fatalf("a cookie past its pair's limit: %d %v; want 429 scope pair", got.status, got.body)
 	}
+	// The cookie's failures counted in its pair only, never toward the
+	// username's count over every client.
+	if after := usernameFailures(); after != failuresBefore || failuresBefore == 0 {
+		t.Errorf("the username's failures went from %d to %d with a cookie's failures; want the attacker's, unchanged: a cookie holder is not counted there", failuresBefore, after)
+	}
 
 	// The operator's reset: every pair of carol's goes, and her count over
 	// every client.
-	ctx := context.Background()
 	pair := newLimiter(t, pool0, signin.Options{Scope: "pair", Limit: 5})
 	if _, err := pair.Reset(ctx, " Carol "); err != nil {
 		t.Fatal(err)

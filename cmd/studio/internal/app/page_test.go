@@ -80,7 +80,9 @@ func TestPageSignInForms(t *testing.T) {
 					t.Errorf("POST %s %v: a refused post set a cookie: %v", path, cross, resp.Cookies())
 				}
 			}
-			for _, same := range []map[string]string{{"Sec-Fetch-Site": "same-origin"}, {"Origin": srv.URL}, nil} {
+			// A proxy's X-Forwarded-Proto is not believed: the cookie is
+			// Secure exactly when this server served the page over TLS.
+			for _, same := range []map[string]string{{"Sec-Fetch-Site": "same-origin"}, {"Origin": srv.URL}, nil, {"X-Forwarded-Proto": "https"}} {
 				resp := post(srv, path, same)
 				if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != path {
 					t.Errorf("POST %s %v: %d %q, want 303 to the page", path, same, resp.StatusCode, resp.Header.Get("Location"))
