@@ -86,6 +86,10 @@ lint: ## gofmt, go vet and staticcheck
 loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an independent observer (LOADCHECK_ARGS=-duration 10s ...)
 	$(GO) run ./cmd/loadcheck $(LOADCHECK_ARGS)
 
+.PHONY: edgecheck
+edgecheck: ## rerun the slow-connection attack of issue 42: 20,000 slow connections from one address against a replica while another user reads, judged (EDGE_ARGS=-conns 2000 ...)
+	$(GO) run ./cmd/edgecheck $(EDGE_ARGS)
+
 .PHONY: scalecheck
 scalecheck: ## what one PostgreSQL core sustains, 10 min of churn of the limit tables, and with SCALE_ARGS=-citus the same operations on a Citus cluster, written to docs/scaling.md and docs/scaling-churn.svg (SCALE_ARGS=-duration 1m ...)
 	$(GO) run ./cmd/scalecheck -out docs/scaling.md -svg docs/scaling-churn.svg $(SCALE_ARGS)

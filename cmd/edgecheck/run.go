@@ -138,7 +138,7 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	procs, err := replicaset.Start(startCtx, replicaset.Options{Binary: bin, N: c.Replicas, DatabaseURL: dbURL,
 		Args: []string{"-demo", "-max-conns-per-peer", strconv.Itoa(c.MaxConnsPerPeer), "-body-timeout", c.BodyTimeout.String(),
-			"-ban-after", "20", "-log-level", "error"}})
+			"-ban-after", "20"}})
 	cancel()
 	if err != nil {
 		return nil, err
