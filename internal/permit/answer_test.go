@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,23 +19,19 @@ import (
 
 // hogs keeps every core busy with a busy loop until the test ends.
 func hogs(t *testing.T) {
-	stop := make(chan struct{})
+	var stopped atomic.Bool
 	var wg sync.WaitGroup
 	for range runtime.NumCPU() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			// A busy loop: spinning is the point (a hog per core).
+			for !stopped.Load() {
 			}
 		}()
 	}
 	t.Cleanup(func() {
-		close(stop)
+		stopped.Store(true)
 		wg.Wait()
 	})
 }
