@@ -26,3 +26,10 @@ func Rate(n *Node) rate.Limit { return n.rate() }
 
 // Burst is the node's burst on this replica.
 func Burst(n *Node) int { return n.burst() }
+
+// Waiting is the number of calls waiting in line for n's bucket.
+func Waiting(n *Node) int {
+	n.b.mu.Lock()
+	defer n.b.mu.Unlock()
+	return len(n.b.line)
+}

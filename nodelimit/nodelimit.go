@@ -7,8 +7,15 @@
 // What it guarantees: a node's rate (20 calls per second unless
 // Options.Rate or Options.NodeRates say otherwise) is divided by the number
 // of ready replicas, rounded up and at least one call per second, and each
-// replica spends its share in a token bucket (golang.org/x/time/rate) whose
-// burst is one second of that share. The ready count comes from
+// replica spends its share in a token bucket whose burst is one second of
+// that share: in any interval of length L, Wait lets at most share +
+// share × L calls of one replica go. A call takes its token when Wait
+// lets it go, from the bucket as it is then, and none is reserved ahead,
+// so the bound holds however late the replica runs: a replica starved of
+// CPU while calls wait lets at most a burst go when it runs again, then
+// one call per 1/share. The installation's replicas together, each at the
+// same ready count, let at most (share × ready) × (1 + L) go in any
+// interval L. The ready count comes from
 // Options.Replicas (a replica.Registry's ReadyReplicas) and is re-read by
 // Run every 5 s by default; when it changes, every node's share follows.
 // Until the count has been read (by Run or by Refresh), a replica takes
@@ -315,7 +322,7 @@ func (l *Limiter) Node(name string) (*Node, error) {
 		total = l.rate
 	}
 	s := share(total, int(l.ready.Load()))
-	n := &Node{name: name, total: total, l: l, rl: rate.NewLimiter(s, burst(s))}
+	n := &Node{name: name, total: total, l: l, b: newBucket(s, burst(s))}
 	l.nodes[name] = n
 	return n, nil
 }
@@ -326,13 +333,10 @@ type Node struct {
 	name  string
 	total rate.Limit
 	l     *Limiter
-	rl    *rate.Limiter
+	b     *bucket
 }
 
-func (n *Node) setShare(share rate.Limit) {
-	n.rl.SetLimit(share)
-	n.rl.SetBurst(burst(share))
-}
+func (n *Node) setShare(share rate.Limit) { n.b.set(share, burst(share)) }
 
 // rate is the node's rate for the whole installation.
 func (n *Node) rate() rate.Limit { return n.total }
@@ -340,25 +344,33 @@ func (n *Node) rate() rate.Limit { return n.total }
 // Limit is this replica's share of the node's rate now, in calls per
 // second: the node's rate divided by the ready replicas, rounded up, at
 // least 1 (rate.Inf when the node has no limit). A replica may also make
-// that many calls at once after a quiet second.
-func (n *Node) Limit() rate.Limit { return n.rl.Limit() }
+// that many calls at once after a quiet second: in any interval of length
+// L, at most Limit × (1 + L).
+func (n *Node) Limit() rate.Limit {
+	l, _ := n.b.get()
+	return l
+}
 
 // burst is how many calls this replica may make at once after a quiet
 // second: one second of its share.
-func (n *Node) burst() int { return n.rl.Burst() }
+func (n *Node) burst() int {
+	_, b := n.b.get()
+	return b
+}
 
 // Wait waits for this replica's turn to make one call to the node, then
-// counts the call in pglimit.nodelimit.calls. When ctx ends first — or its
+// counts the call in pglimit.nodelimit.calls. Calls of one replica take
+// their turns in the order they called Wait. When ctx ends first — or its
 // deadline would pass before the turn, which Wait knows at once — it
 // returns an error matching ErrNoTurn and the context's error, and the call
 // is not counted. Wait makes no database round trip.
 func (n *Node) Wait(ctx context.Context) error {
-	if err := n.rl.Wait(ctx); err != nil {
+	if err := n.b.wait(ctx); err != nil {
 		cause := ctx.Err()
 		if cause == nil { // the deadline would pass before the turn
 			cause = context.DeadlineExceeded
 		}
-		return &waitError{node: n.name, limit: n.rl.Limit(), err: cause}
+		return &waitError{node: n.name, limit: n.Limit(), err: cause}
 	}
 	n.l.counter.Add(ctx, 1)
 	return nil

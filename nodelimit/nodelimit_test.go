@@ -27,7 +27,16 @@ import (
 	"github.com/pglimit/pglimit/replica"
 )
 
-func TestMain(m *testing.M) { pgtest.MainWithExampleDatabase(m) }
+func TestMain(m *testing.M) {
+	if starvedChild != nil {
+		starvedChild() // this binary is a child process of a test
+	}
+	pgtest.MainWithExampleDatabase(m)
+}
+
+// starvedChild, when set, is what this test binary runs instead of the
+// tests: a child process of TestStarvedReplicaKeepsToItsShare.
+var starvedChild func()
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -444,6 +453,80 @@ func TestWaitEndsWithContext(t *testing.T) {
 
 	if got := collect(t, reader); got != 1 {
 		t.Fatalf("counted %v; want only the call that got its turn", got)
+	}
+}
+
+// TestTurnsInOrder: calls waiting for their turn get it in the order they
+// called Wait, one every 1/share.
+func TestTurnsInOrder(t *testing.T) {
+	t.Parallel()
+	n := nodeOf(t, newLimiter(t, nodelimit.Options{Rate: 5}), "n")
+	for range 5 { // the burst
+		if err := n.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range 5 {
+		wg.Go(func() {
+			if err := n.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+		})
+		// The next calls only once this one is in line (or has gone).
+		waitFor(t, 10*time.Second, fmt.Sprintf("call %d in line", i), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return nodelimit.Waiting(n)+len(order) == i+1
+		})
+	}
+	wg.Wait()
+	if !slices.Equal(order, []int{0, 1, 2, 3, 4}) {
+		t.Fatalf("turns in the order %v, want the order of the calls", order)
+	}
+}
+
+// TestWaitFollowsARaisedShare: a call waiting for its turn at a share of
+// 1/s (its turn a second away) goes as soon as the share is raised (the
+// ready replicas fell from 5 to 1: 5/s, a burst of 5), not at the turn
+// the old share gave it.
+func TestWaitFollowsARaisedShare(t *testing.T) {
+	t.Parallel()
+	ready := newFixed(5)
+	l := newLimiter(t, nodelimit.Options{Rate: 5, Replicas: ready.ReadyReplicas, Refresh: time.Hour})
+	n := nodeOf(t, l, "n")
+	if err := l.Refresh(context.Background()); err != nil || n.Limit() != 1 {
+		t.Fatalf("share %v, %v; want 1/s", n.Limit(), err)
+	}
+	if err := n.Wait(context.Background()); err != nil { // the burst of 1
+		t.Fatal(err)
+	}
+	done := make(chan time.Time, 1)
+	go func() {
+		if err := n.Wait(context.Background()); err != nil {
+			t.Error(err)
+		}
+		done <- time.Now()
+	}()
+	waitFor(t, 10*time.Second, "the call in line", func() bool { return nodelimit.Waiting(n) == 1 })
+	ready.n.Store(1)
+	raised := time.Now()
+	if err := l.Refresh(context.Background()); err != nil || n.Limit() != 5 {
+		t.Fatalf("share %v, %v; want 5/s", n.Limit(), err)
+	}
+	// At the old share the turn was a second after the first call; at the
+	// new one a fifth of that, already past or near. Anything well before
+	// the old turn followed the new share (a loaded machine may take a few
+	// hundred milliseconds to run the goroutine).
+	if waited := (<-done).Sub(raised); waited > 700*time.Millisecond {
+		t.Fatalf("the call went %v after the share was raised to 5/s; at 1/s its turn was up to a second away", waited)
 	}
 }
 
