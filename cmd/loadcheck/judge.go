@@ -247,28 +247,36 @@ func callsPerSecond(calls []time.Time, from, to time.Time) (most int, series []i
 	return most, series, total
 }
 
-// envelopeExcess checks the calls of consecutive whole seconds against what
-// the replicas' token buckets can let through once their burst is spent:
-// in any n consecutive seconds at most perSecond×n sent, plus allowance
-// calls that a delivery delay (shorter than the spacing of one replica's
-// calls) moves into the window from the second before. It returns the
-// largest excess over that bound (0 or less: within it) and the window it
-// was found in (index of its first second, and its length).
-func envelopeExcess(series []int, perSecond, allowance int) (excess, at, n int) {
-	excess = math.MinInt
-	for i := range series {
-		sum := 0
-		for j := i; j < len(series); j++ {
-			sum += series[j]
-			if e := sum - perSecond*(j-i+1) - allowance; e > excess {
-				excess, at, n = e, i, j-i+1
+// nodeExcess judges the node's calls against the node limiter's stated
+// bound. The limiter lets each replica's calls go at most share × (1 + L)
+// in any interval of length L, however late the replica runs (nodelimit:
+// a call takes its token when it goes), so the replicas together at most
+// burst + perSecond × L, with burst and perSecond both replicas × share.
+// The node stamps a call when the kernel received its first byte, a moment
+// after its turn: the replica's own sending of it (the request handed to
+// its connection's writer, the write), at most delivery later. A call
+// whose turn came before an interval and whose stamp falls within it took
+// its token before the interval, so the bucket it came from holds that
+// much less at the interval's start, short of what it earned in the
+// meantime, the most delivery × its share: the node sees at most
+// burst + perSecond × (L + delivery) calls in any interval of length L. at
+// is sorted; nodeExcess returns the most the calls of any interval between
+// two of them (both counted) exceed that bound (above 0: exceeded), and
+// the interval: how many, from when, how long.
+func nodeExcess(at []time.Time, burst int, perSecond float64, delivery time.Duration) (excess float64, count int, from time.Time, length time.Duration) {
+	excess = math.Inf(-1)
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			l := at[j].Sub(at[i])
+			if e := float64(j-i+1) - float64(burst) - perSecond*(l+delivery).Seconds(); e > excess {
+				excess, count, from, length = e, j-i+1, at[i], l
 			}
 		}
 	}
-	if len(series) == 0 {
+	if len(at) == 0 {
 		excess = 0
 	}
-	return excess, at, n
+	return excess, count, from, length
 }
 
 // hasRateHeaders reports whether h carries RateLimit-Policy and RateLimit

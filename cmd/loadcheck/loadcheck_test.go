@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -456,6 +457,7 @@ func TestFlags(t *testing.T) {
 		{"-sql-console-cap", "0"},
 		{"-console-sleep", "1ms"},
 		{"-pause", "-1s"},
+		{"-node-delivery", "-1ms"},
 		{"-api-rate", "0"},
 		{"-api-burst", "0"},
 		{"-rate-workers", "0"},
@@ -473,23 +475,59 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-func TestEnvelopeExcess(t *testing.T) {
+// TestNodeExcess pins the node rate's judge on hand-made stamps: three
+// replicas of share 2/s (burst 6 and 6/s together), judged with a
+// delivery of 100 ms.
+func TestNodeExcess(t *testing.T) {
 	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s ...float64) []time.Time {
+		var out []time.Time
+		for _, x := range s {
+			out = append(out, t0.Add(time.Duration(x*float64(time.Second))))
+		}
+		slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+		return out
+	}
+	// pressed is every replica's bucket from full at 0, pressed for
+	// seconds: two calls each at once, then one each every 500 ms; late
+	// is added to the stamps of the first two.
+	pressed := func(seconds int, late float64, more ...float64) []time.Time {
+		s := more
+		for range 3 {
+			s = append(s, late, late)
+			for k := 1; k <= 2*seconds; k++ {
+				s = append(s, 0.5*float64(k))
+			}
+		}
+		return at(s...)
+	}
+	// The bursts' turns at 0, their stamps 60 ms later (their replicas'
+	// sending took that long, the later calls' none): 12 calls in 940 ms,
+	// 0.36 over burst + rate × L, within burst + rate × (L + 100 ms).
+	lateBursts := pressed(3, 0.06)
+	if e, n, _, l := nodeExcess(lateBursts, 6, 6, 0); e <= 0 {
+		t.Errorf("late bursts without delivery: %+.3f (%d in %v), want over the bound", e, n, l)
+	}
 	for _, tc := range []struct {
-		series        []int
-		wantExcess    int
-		wantAt, wantN int
+		name   string
+		at     []time.Time
+		excess float64
 	}{
-		{nil, 0, 0, 0},
-		{[]int{6, 6, 6}, -3, 0, 1},
-		{[]int{6, 5, 7}, -2, 2, 1},   // a call delayed across a boundary
-		{[]int{9, 3, 6}, 0, 0, 1},    // within the allowance, once
-		{[]int{7, 7, 7, 7}, 1, 0, 4}, // a sustained 7/s: over after 4 s
-		{[]int{12, 12}, 9, 0, 2},
+		{"none", nil, 0},
+		{"the buckets pressed: the bound exactly", pressed(3, 0), -0.6},
+		{"the bursts delivered late", lateBursts, -0.24},
+		// Every replica starved while four calls waited, which a limiter
+		// that reserves turns lets go at once when it runs again, with the
+		// burst its bucket refilled meanwhile: 18 at once.
+		{"starved replicas' calls at once", append(pressed(1, 0), at(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)...), 11.4},
+		{"one call more than the bursts", pressed(1, 0, 0.02), 0.4},
+		{"a share of 4/s", at(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.25, 0.25, 0.25, 0.5, 0.5, 0.5, 0.75, 0.75, 0.75, 1, 1, 1), 11.4},
 	} {
-		e, at, n := envelopeExcess(tc.series, 6, 3)
-		if e != tc.wantExcess || at != tc.wantAt || n != tc.wantN {
-			t.Errorf("%v: excess %d at %d for %d s; want %d at %d for %d", tc.series, e, at, n, tc.wantExcess, tc.wantAt, tc.wantN)
+		slices.SortFunc(tc.at, func(a, b time.Time) int { return a.Compare(b) })
+		e, n, from, l := nodeExcess(tc.at, 6, 6, 100*time.Millisecond)
+		if math.Abs(e-tc.excess) > 1e-9 {
+			t.Errorf("%s: excess %+.3f (%d calls in %v from %v), want %+.3f", tc.name, e, n, l, from.Sub(t0), tc.excess)
 		}
 	}
 }

@@ -52,17 +52,20 @@
 //     their claims were then less than a window apart, so more than the
 //     limit of them is an over-grant whatever the timing.
 //
-//   - node rate: the fake node's own record of the calls it received, by
-//     whole second, from one second after the warm-up (the replicas' token
-//     buckets start full: the burst the ADR allows). Highest = most calls in
-//     one second. The limiter paces the sending of calls and the node counts
-//     their arrival, so a call delayed across a second boundary can make one
-//     second hold a call more and the next one fewer: the verdict is EXCEEDED
-//     when any n consecutive seconds hold more than replicas × share × n
-//     calls plus one call per replica. When the rate is not a multiple of
-//     the replicas, each takes ceil(rate/replicas) and the node may see up
-//     to that times the replicas (ADR-0196 decision 6): reported as
-//     "documented", not failed.
+//   - node rate: the fake node's own record of the calls it received, each
+//     stamped with the time the kernel received its first byte
+//     (SO_TIMESTAMPNS on the node's connections), so a load check starved
+//     of CPU, which handles the calls late and at once, does not bunch
+//     them. Highest = most calls in one whole second, from a second after
+//     the load began. The verdict is the node limiter's own bound: each
+//     replica lets at most share × (1 + L) calls go in any interval of
+//     length L, so the node may receive burst + rate × L with burst = rate
+//     = replicas × share, the interval lengthened by -node-delivery, the
+//     most a call takes from its turn to the node (the replica's own
+//     sending of it): EXCEEDED when any interval holds more. When the rate
+//     is not a multiple of the replicas, each takes ceil(rate/replicas) and
+//     the node may see up to that times the replicas (ADR-0196 decision 6):
+//     reported as "documented", not failed.
 //
 //   - api rate per user: the answers. Highest = most requests of one user
 //     the rate limit admitted in an interval, less -api-rate × the interval
@@ -149,6 +152,7 @@ func run(args []string) (int, error) {
 	fs.IntVar(&cfg.WorkersPerToken, "workers-per-token", cfg.WorkersPerToken, "console loops per token")
 	fs.DurationVar(&cfg.Pause, "pause", cfg.Pause, "wait after a refusal")
 	fs.DurationVar(&cfg.Slack, "slack", cfg.Slack, "added to every request's end when false refusals are judged")
+	fs.DurationVar(&cfg.NodeDelivery, "node-delivery", cfg.NodeDelivery, "the most a call takes from its node turn to the node; the node rate is judged as burst + rate × (L + this) in any interval L")
 	fs.DurationVar(&cfg.WarmupTimeout, "warmup-timeout", cfg.WarmupTimeout, "bound of the wait for every replica's node share")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

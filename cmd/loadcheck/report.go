@@ -123,12 +123,14 @@ observers (none of them reads pglimit's tables, but the bans' observer its table
   sign-in: the answers; highest = most 401 invalid-credentials for one username in its window.
   uploads: the answers; highest = most 201 for one user whose requests (send to answer) all
     fit in less than one window, so their claims were less than a window apart.
-  node rate: the fake node's own record of the calls it received, by whole second, from one
-    second after the warm-up (every replica answered rate.replica = ceil(rate/replicas); the
-    token buckets start full, the burst the ADR allows); highest = most calls in one second.
-    Verdict: EXCEEDED when any n consecutive seconds hold more than replicas × share × n calls
-    plus one per replica (a call a delivery delay moves across a second boundary: the limiter
-    paces sending, the node counts arrival).
+  node rate: the fake node's own record of the calls it received, each stamped with the time
+    the kernel received its first byte (SO_TIMESTAMPNS), not when the node got to it, so a
+    starved load check does not bunch them; from the end of the warm-up (every replica
+    answered rate.replica = ceil(rate/replicas)); highest = most calls in one whole second,
+    from a second after the load began. Verdict: EXCEEDED when the calls of any interval of
+    length L are more than the node limiter's bound, every replica's bucket (share × (1 + L))
+    together, burst + rate × L with burst = rate = replicas × share, the interval lengthened
+    by %v, the most a call takes from its turn to the node (its replica's sending of it).
   api rate: the answers, per user (every user of the load, all its tokens together);
     highest = most requests of one user admitted (anything but 429 too-many-requests) in an
     interval, less the rate × the interval, measured from the first one's send to the last
@@ -154,7 +156,7 @@ false refusal: a 429 of a limit although, by the client's ledger of every reques
   holder from its send to its answer + %v slack, + the window for uploads and failed
   sign-ins, unless it was refused before it could claim). Only the load check drives the
   service, so this can miss a false refusal, never invent one.
-`, r.Nodes, r.Samples, r.SampleInterval.Round(time.Microsecond), c.Slack)
+`, r.Nodes, r.Samples, r.SampleInterval.Round(time.Microsecond), c.NodeDelivery, c.Slack)
 	if r.LogDir != "" {
 		fmt.Fprintf(w, "\nlogs of the replicas and the database: %s\n", r.LogDir)
 	}

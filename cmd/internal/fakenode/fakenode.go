@@ -1,6 +1,8 @@
 // Package fakenode is a stand-in ActiveMQ Artemis broker node speaking the
 // Jolokia subset of package jolokia, for tests, demos and load checks. It
-// counts every call (one HTTP POST) it receives, by kind and by second.
+// counts every call (one HTTP POST) it receives, by kind and by second,
+// each stamped with the time it arrived (the kernel's, when served on a
+// listener of Listen).
 //
 // Routes:
 //
@@ -11,7 +13,9 @@
 //
 // Queue i (1..N) is named q<i> on address q<i>, anycast, with
 // MessageCount(i) messages and ConsumerCount(i) consumers. Start one in a
-// test with httptest.NewServer(fakenode.New(...)); cmd/fakenode serves one.
+// test with httptest.NewServer(fakenode.New(...)), or, to stamp each call
+// with the kernel's receive time, serve it on Listen with ConnContext;
+// cmd/fakenode serves one.
 package fakenode
 
 import (
@@ -39,7 +43,8 @@ type Options struct {
 	// Delay is added before every answer, to stand in for a slow node.
 	// Default 0.
 	Delay time.Duration
-	// Now is the clock calls are timed with. Default time.Now.
+	// Now is the clock calls are timed with when the kernel does not stamp
+	// them (see Listen), and Call.Handled's. Default time.Now.
 	Now func() time.Time
 	// KeepCalls is how many of the latest calls Calls returns. Default
 	// 100,000.
@@ -64,8 +69,15 @@ func MBean(broker string, i int) string {
 
 // Call is one call (HTTP POST) the node received.
 type Call struct {
-	// At is when the node received it.
+	// At is when the node received it: when the kernel received the
+	// call's first byte (Stamped) on a connection of Listen, else when
+	// the handler began (Handled).
 	At time.Time `json:"at"`
+	// Stamped is true when At is the kernel's stamp.
+	Stamped bool `json:"stamped,omitempty"`
+	// Handled is when the node's handler began, by Options.Now: later
+	// than At by however long the node took to get to the call.
+	Handled time.Time `json:"handled"`
 	// Kind is search or read when every request of the call is of that
 	// type, mixed when they differ, invalid when the body was not a
 	// request.
@@ -202,7 +214,11 @@ type response struct {
 }
 
 func (n *Node) serveJolokia(w http.ResponseWriter, r *http.Request) {
-	at := n.now()
+	handled := n.now()
+	at := callAt{handled: handled, at: handled}
+	if k, stamped, ok := received(r.Context()); ok {
+		at.at, at.stamped = k, stamped
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	var reqs []request
 	single := false
@@ -247,7 +263,14 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (n *Node) record(at time.Time, reqs []request) {
+// callAt is when a call was received and handled.
+type callAt struct {
+	at, handled time.Time
+	stamped     bool
+}
+
+func (n *Node) record(t callAt, reqs []request) {
+	at := t.at
 	kind := "invalid"
 	for i, q := range reqs {
 		switch {
@@ -279,7 +302,7 @@ func (n *Node) record(at time.Time, reqs []request) {
 	if len(n.calls) >= n.keep {
 		n.calls = slices.Delete(n.calls, 0, len(n.calls)-n.keep+1)
 	}
-	n.calls = append(n.calls, Call{At: at, Kind: kind, Requests: len(reqs)})
+	n.calls = append(n.calls, Call{At: at, Stamped: t.stamped, Handled: t.handled, Kind: kind, Requests: len(reqs)})
 }
 
 func (n *Node) answer(q request) response {
