@@ -17,7 +17,12 @@ package slots
 // min(10 s, Claim.Lease / 4)), renewed to that from now, in one statement
 // for every kept slot of the replica that needs it (SlotRenew), once it
 // has less than Claim.Lease + margin/2 left: a slot in steady use costs a
-// statement every margin/2, never one per request. A replica killed while
+// statement every margin/2, never one per request. A request that finds
+// its kept slot short of Claim.Lease while the slot's lease still runs
+// (its renewal is late: the sweep starved of CPU, or its statement slow)
+// renews it itself, in that one statement, rather than give it back and
+// claim again (two, and the slot may go to another replica meanwhile); it
+// starts on it only if it then has Claim.Lease left. A replica killed while
 // keeping slots leaves them to lapse at the end of that lease, at most
 // Claim.Lease + margin after its last claim or renewal.
 //
@@ -165,26 +170,34 @@ func (k *keeper) forget(scope string, ks *keptScope) {
 }
 
 // take gives a request of scope an idle kept slot with at least its floor
-// of lease left, most recently used first, or ok false. The idle slots it
-// found too short (or every one, while the bus is not Live) come back in
-// stale, taken out of the idle ones and marked releasing: the caller
-// releases them before it claims.
-func (k *keeper) take(scope string, now time.Time) (h Held, ok bool, stale []*kept) {
+// of lease left, most recently used first, or ok false. One whose lease
+// still runs but has less than its floor left (its renewal is late: the
+// sweep was starved of CPU, or its statement is slow) comes back in late,
+// held for the request, which renews it (renewLate) rather than give it
+// back and claim again. The idle slots it found lapsed or lost before (or
+// every one, while the bus is not Live) come back in stale, taken out of
+// the idle ones and marked releasing: the caller releases them before it
+// claims.
+func (k *keeper) take(scope string, now time.Time) (h Held, ok bool, late *kept, stale []*kept) {
 	live := k.bus.Live()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ks := k.scopes[scope]
 	if ks == nil {
-		return Held{}, false, nil
+		return Held{}, false, nil, nil
 	}
 	for len(ks.idle) > 0 {
 		s := ks.idle[len(ks.idle)-1]
 		ks.idle = ks.idle[:len(ks.idle)-1]
 		k.idle--
-		if live && !s.lost && s.until.Sub(now) >= s.floor {
+		if live && !s.lost && s.until.After(now) {
 			s.busy = true
 			s.gen++
 			ks.busy[s] = struct{}{}
+			if s.until.Sub(now) < s.floor {
+				late = s
+				break
+			}
 			h, ok = Held{lease: s.lease, kept: s, gen: s.gen}, true
 			break
 		}
@@ -193,7 +206,29 @@ func (k *keeper) take(scope string, now time.Time) (h Held, ok bool, stale []*ke
 	if len(stale) > 0 {
 		k.releasing(ks)
 	}
-	return h, ok, stale
+	return h, ok, late, stale
+}
+
+// renewLate renews s, a kept slot take held for a request with less than
+// its floor of lease left, in one statement on the request's path, and
+// returns it held when it then has its floor left. Otherwise (the row
+// lapsed, the renewal failed, or its statement took longer than the
+// margin) it gives s back, in one more statement, and reports false: the
+// request claims a slot as without it.
+func (k *keeper) renewLate(s *kept) (Held, bool) {
+	k.renew([]*kept{s})
+	k.mu.Lock()
+	if !s.lost && time.Until(s.until) >= s.floor {
+		defer k.mu.Unlock()
+		return Held{lease: s.lease, kept: s, gen: s.gen}, true
+	}
+	s.busy = false
+	ks := k.scopes[s.scope]
+	delete(ks.busy, s)
+	k.releasing(ks)
+	k.mu.Unlock()
+	k.release([]*kept{s})
+	return Held{}, false
 }
 
 // releasing marks a release of ks's slots in flight. k.mu is held.
@@ -397,7 +432,11 @@ func (k *keeper) renew(slots []*kept) {
 		k.mu.Lock()
 		for _, s := range group {
 			if found[s.lease.ID] {
-				s.until = until
+				// Two renewals of one slot may overlap (the sweep's and a
+				// request's, renewLate): the later start stands.
+				if until.After(s.until) {
+					s.until = until
+				}
 			} else {
 				// It lapsed, or someone else released it: no longer ours.
 				s.lost = true
@@ -576,12 +615,15 @@ func (k *keeper) flush(ctx context.Context) error {
 func (l *Limiter) claimKept(ctx context.Context, key string, c permit.Claim, args ...any) (Held, *Refused, bool, error) {
 	k := l.keeper
 	scope := keys.Stored(c.Scopes[0].Key)
-	h, ok, stale := k.take(scope, time.Now())
+	h, ok, late, stale := k.take(scope, time.Now())
+	k.release(stale)
+	if late != nil {
+		h, ok = k.renewLate(late)
+	}
 	if ok {
 		l.obs.GrantedFromMemory(ctx, l.scope)
 		return h, nil, false, nil
 	}
-	k.release(stale)
 	floor := c.Lease
 	c.Lease = floor + margin(floor)
 	claim := func() (*permit.Lease, time.Time, error) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,8 +28,20 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // slotStatements counts the statements a pool sends on the slot table,
-// and of those the claims and the renewals.
-type slotStatements struct{ n, claims, renewals atomic.Int64 }
+// and of those the claims and the renewals, and keeps when each renewal
+// was sent and when its answer came.
+type slotStatements struct {
+	n, claims, renewals atomic.Int64
+
+	mu    sync.Mutex
+	spans []span // the renewals, in the order they were sent
+}
+
+// span is when a statement was sent and when its answer came (zero while
+// it has not).
+type span struct{ sent, answered time.Time }
+
+type renewalKey struct{}
 
 func (s *slotStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "pglimit.slot") {
@@ -39,11 +52,29 @@ func (s *slotStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 	}
 	if strings.Contains(d.SQL, "SlotRenew") {
 		s.renewals.Add(1)
+		s.mu.Lock()
+		s.spans = append(s.spans, span{sent: time.Now()})
+		i := len(s.spans) - 1
+		s.mu.Unlock()
+		return context.WithValue(ctx, renewalKey{}, i)
 	}
 	return ctx
 }
 
-func (s *slotStatements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *slotStatements) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if i, ok := ctx.Value(renewalKey{}).(int); ok {
+		s.mu.Lock()
+		s.spans[i].answered = time.Now()
+		s.mu.Unlock()
+	}
+}
+
+// renewalSpans returns the renewals sent so far.
+func (s *slotStatements) renewalSpans() []span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.spans)
+}
 
 // tracedPool is pgtest.Pool with a statement counter.
 func tracedPool(t testing.TB, url string, maxConns int32) (*pgxpool.Pool, *slotStatements) {
@@ -204,28 +235,10 @@ func TestKeptSlotRenewed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Flush(context.Background()) })
-	var shortest atomic.Int64
-	shortest.Store(int64(time.Hour))
-	n := 0
-	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n%5 != 0 {
-			return
-		}
-		began := time.Now()
-		var ms int64
-		if err := observer.QueryRow(context.Background(), `SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint
-			FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope("id-of-renewed-token")).Scan(&ms); err != nil {
-			t.Error(err)
-			return
-		}
-		// What was left when the request began: what is left at the
-		// observer's statement, plus the time since (a loaded machine's
-		// scheduling is not the lease's fault).
-		if d := int64(time.Duration(ms)*time.Millisecond + time.Since(began)); d < shortest.Load() {
-			shortest.Store(d)
-		}
-	}))
+	left := newLeaseLeft(t, observer, "id-of-renewed-token")
+	h := l.Handler(left)
 	start := time.Now()
+	n := 0
 	for time.Since(start) < 4*time.Second {
 		if r := call(t, h, "renewed-token"); r.status != http.StatusOK {
 			t.Fatalf("status %d", r.status)
@@ -233,8 +246,9 @@ func TestKeptSlotRenewed(t *testing.T) {
 		n++
 		time.Sleep(2 * time.Millisecond)
 	}
+	shortest := left.shortest()
 	t.Logf("%d requests in %v: %d statements on the slot table (%d claims, %d renewals), %.4f per request; shortest lease left while a request ran %v",
-		n, time.Since(start), st.n.Load(), st.claims.Load(), st.renewals.Load(), float64(st.n.Load())/float64(n), time.Duration(shortest.Load()))
+		n, time.Since(start), st.n.Load(), st.claims.Load(), st.renewals.Load(), float64(st.n.Load())/float64(n), shortest)
 	if c := st.claims.Load(); c != 1 {
 		t.Errorf("%d claims, want 1: the kept slot was not renewed in time", c)
 	}
@@ -245,7 +259,187 @@ func TestKeptSlotRenewed(t *testing.T) {
 		t.Errorf("%.3f statements per request, want at most 0.05", per)
 	}
 	// 20 ms: the clock's rounding and the read's own time.
-	if d := time.Duration(shortest.Load()); d < maxDur+grace-20*time.Millisecond {
+	if shortest < maxDur+grace-20*time.Millisecond {
+		t.Errorf("a request ran on a row with %v of lease left, less than MaxDuration + grace = %v", shortest, maxDur+grace)
+	}
+}
+
+// leaseLeft is a handler that reads, on every fifth request, how much
+// lease the request's row has left, from a connection of its own.
+type leaseLeft struct {
+	t        *testing.T
+	observer *pgxpool.Pool
+	key      string
+	n        atomic.Int64
+	least    atomic.Int64
+}
+
+func newLeaseLeft(t *testing.T, observer *pgxpool.Pool, key string) *leaseLeft {
+	w := &leaseLeft{t: t, observer: observer, key: key}
+	w.least.Store(int64(time.Hour))
+	return w
+}
+
+func (w *leaseLeft) ServeHTTP(http.ResponseWriter, *http.Request) {
+	if w.n.Add(1)%5 != 1 {
+		return
+	}
+	began := time.Now()
+	var ms int64
+	if err := w.observer.QueryRow(context.Background(), `SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint
+		FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope(w.key)).Scan(&ms); err != nil {
+		w.t.Error(err)
+		return
+	}
+	// What was left when the request began: what is left at the
+	// observer's statement, plus the time since (a loaded machine's
+	// scheduling is not the lease's fault).
+	if d := int64(time.Duration(ms)*time.Millisecond + time.Since(began)); d < w.least.Load() {
+		w.least.Store(d)
+	}
+}
+
+// shortest is the least lease left that a request ran with.
+func (w *leaseLeft) shortest() time.Duration { return time.Duration(w.least.Load()) }
+
+// TestKeptSlotRenewedLate: a kept slot whose renewal comes late keeps its
+// row. Its renewal statement is made to wait: just after a renewal,
+// another connection locks the slot's row until 950 ms after that
+// renewal was sent (the next one, due 375 ms after it, waits for the row,
+// as on a server too loaded to answer in time), so that from 750 ms the
+// row has less than the floor a request needs (MaxDuration + grace, 3 s)
+// left by this replica's clock. The steady client's requests meanwhile
+// renew it themselves, rather than give it back and claim again: one
+// claim in all, and every request ran on a row with at least the floor
+// left.
+func TestKeptSlotRenewedLate(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool, st := tracedPool(t, url, 4)
+	observer := pgtest.Pool(t, url, 1)
+	locker := pgtest.Pool(t, url, 1)
+	pgtest.Listen(t, pool)
+	const (
+		maxDur = 2 * time.Second
+		grace  = time.Second
+		// margin is what a kept claim's lease adds to the floor, a quarter
+		// of it: renewed when margin/2 old, short of the floor at margin.
+		margin = (maxDur + grace) / 4
+		// locked is how long after a renewal was sent its row stays locked.
+		locked = margin + 200*time.Millisecond
+	)
+	l, err := inflight.NewWithGrace(pool, inflight.Options{Key: tokenID, Limit: 1, MaxDuration: maxDur, Keep: time.Second, Logger: quiet}, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Flush(context.Background()) })
+	left := newLeaseLeft(t, observer, "id-of-late-token")
+	h := l.Handler(left)
+
+	// The locker: just after a renewal's answer, it locks the row, unless
+	// another renewal was sent meanwhile (then the next renewal would not
+	// wait: it tries again after the next one).
+	type lock struct {
+		renewed, from, until time.Time
+		err                  error
+	}
+	done := make(chan lock, 1)
+	go func() {
+		ctx := context.Background()
+		seen := 0
+		for range 20 {
+			var last span
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				spans := st.renewalSpans()
+				if k := len(spans); k > seen && !spans[k-1].answered.IsZero() {
+					seen, last = k, spans[k-1]
+					break
+				}
+				if time.Now().After(deadline) {
+					done <- lock{err: errors.New("no renewal answered within 10 s")}
+					return
+				}
+			}
+			tx, err := locker.Begin(ctx)
+			if err != nil {
+				done <- lock{err: err}
+				return
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM pglimit.slot WHERE kind = 'request_in_flight' AND scope = $1 FOR UPDATE`,
+				inflight.Scope("id-of-late-token")); err != nil {
+				_ = tx.Rollback(ctx)
+				done <- lock{err: err}
+				return
+			}
+			from := time.Now()
+			if len(st.renewalSpans()) > seen {
+				_ = tx.Rollback(ctx) // another renewal was sent before the lock: too late
+				continue
+			}
+			time.Sleep(time.Until(last.sent.Add(locked)))
+			until := time.Now()
+			if err := tx.Commit(ctx); err != nil {
+				done <- lock{err: err}
+				return
+			}
+			done <- lock{renewed: last.sent, from: from, until: until}
+			return
+		}
+		done <- lock{err: errors.New("20 times another renewal was sent before the row was locked")}
+	}()
+
+	var (
+		sent []time.Time // when each request was sent
+		lk   lock
+	)
+	for got := false; ; {
+		if !got {
+			select {
+			case lk = <-done:
+				got = true
+				if lk.err != nil {
+					t.Fatalf("locking the kept slot's row between two renewals: %v", lk.err)
+				}
+			default:
+			}
+		}
+		if got && time.Since(lk.until) > time.Second {
+			break
+		}
+		sent = append(sent, time.Now())
+		if r := call(t, h, "late-token"); r.status != http.StatusOK {
+			t.Fatalf("status %d", r.status)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+
+	// The renewal that waited for the row, and the requests sent while the
+	// row had less than the floor left by this replica's clock.
+	var waited []span
+	for _, s := range st.renewalSpans() {
+		if s.sent.After(lk.from) && s.sent.Before(lk.until) && !s.answered.Before(lk.until) {
+			waited = append(waited, s)
+		}
+	}
+	short := 0
+	for _, at := range sent {
+		if at.After(lk.renewed.Add(margin)) && at.Before(lk.until) {
+			short++
+		}
+	}
+	t.Logf("%d requests; a renewal sent, the row locked %v later for %v; %d renewals sent while it was locked; %d requests sent after the row ran short, before it was unlocked; %d claims, %d renewals in all; shortest lease left while a request ran %v",
+		len(sent), lk.from.Sub(lk.renewed).Round(time.Millisecond), lk.until.Sub(lk.from).Round(time.Millisecond), len(waited), short,
+		st.claims.Load(), st.renewals.Load(), left.shortest())
+	if len(waited) == 0 {
+		t.Fatal("no renewal waited for the locked row: the test proves nothing")
+	}
+	if short == 0 {
+		t.Fatal("no request was sent while the row was short of the floor: the test proves nothing")
+	}
+	if c := st.claims.Load(); c != 1 {
+		t.Errorf("%d claims, want 1: the kept slot whose renewal came late was given back and claimed again", c)
+	}
+	if d := left.shortest(); d < maxDur+grace-20*time.Millisecond {
 		t.Errorf("a request ran on a row with %v of lease left, less than MaxDuration + grace = %v", d, maxDur+grace)
 	}
 }
