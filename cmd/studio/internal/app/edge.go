@@ -80,10 +80,12 @@ func (a *App) guarded(h http.Handler) http.Handler {
 // counted under her own rate. So a request from a banned address that
 // carries a token goes on when this replica has verified that token in
 // the last tokenMemory, and otherwise only within a budget of token
-// lookups per banned address (lookupBudget a second, per replica): a
-// client that sends bogus tokens from a banned address costs the database
-// at most that many statements a second, and every request past it is
-// refused from memory, where each cost a lookup before.
+// lookups per banned address (lookupBudget a second and lookupBurst at
+// once, per replica: enough for the tokens of the users behind one NAT to
+// be verified at once): a client that sends bogus tokens from a banned
+// address costs the database at most that many statements a second, and
+// every request past it is refused from memory, where each cost a lookup
+// before.
 func (a *App) banGuard(h http.Handler) http.Handler {
 	if a.bans == nil || a.addrRate == nil {
 		return h
@@ -161,8 +163,8 @@ func (m *tokenMemory) known(digest []byte) bool {
 // on one replica for tokens it has not verified lately, and lookupBurst
 // how many at once.
 const (
-	lookupBudget = 5
-	lookupBurst  = 10
+	lookupBudget = 50
+	lookupBurst  = 100
 )
 
 // lookupBudgets are the banned addresses' budgets of token lookups.
