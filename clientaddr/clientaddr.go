@@ -20,7 +20,7 @@
 // header is there but names no usable address past the trusted hops — the
 // rightmost untrusted item is not an address (`unknown`, an obfuscated
 // `_node`, garbage, an empty item), the list holds trusted addresses only,
-// or more than maxHops trusted hops — has no client address: Key returns
+// or maxHops (64) trusted hops or more — has no client address: Key returns
 // ErrUnreadable, and the caller refuses the request (400) and counts it
 // nowhere. It is never keyed as the proxy, which would let one client
 // spend (or be banned under) the key of everyone behind it.
@@ -46,9 +46,10 @@ import (
 	"github.com/pglimit/pglimit/internal/netaddr"
 )
 
-// maxHops bounds the trusted hops read from the right of a forwarded list
-// before the peer's key is used instead: real chains are a few proxies
-// long, and the bound keeps the work per request small whatever the list.
+// maxHops bounds the trusted hops read from the right of a forwarded list:
+// a list with this many trusted hops before its client is ErrUnreadable.
+// Real chains are a few proxies long, and the bound keeps the work per
+// request small whatever the list.
 const maxHops = 64
 
 // maxItem bounds the length of one forwarded item: a longer one is not an

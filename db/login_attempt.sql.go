@@ -39,7 +39,8 @@ func (q *Queries) LoginAttemptClear(ctx context.Context, db DBTX, key string) ([
 }
 
 const loginAttemptClearPrefix = `-- name: LoginAttemptClearPrefix :many
-DELETE FROM pglimit.login_attempt WHERE starts_with(key, $1::text)
+DELETE FROM pglimit.login_attempt
+WHERE starts_with(key, $1::text) AND strpos(substr(key, length($1::text) + 1), '|') = 0
 RETURNING key, failures
 `
 
@@ -48,13 +49,15 @@ type LoginAttemptClearPrefixRow struct {
 	Failures int32
 }
 
-// An operator's reset of every key that starts with @prefix: the pairs
-// of one username (middleware/signin, Scope "pair": "pair:<username>|"
-// followed by the client address or device), one row per client the
-// username failed from. starts_with, not LIKE: a username may hold % and
-// _. Returns each key and the failures it had, so that replicas are told
-// of each key one may remember refused. On Citus a statement on every
-// shard; resets are rare.
+// An operator's reset of every key that starts with @prefix and has no
+// "|" after it: the pairs of one username (middleware/signin, Scope
+// "pair": "pair:<username>|" followed by the client address or device,
+// neither of which holds a "|"), one row per client the username failed
+// from, and not the pairs of a longer username that starts with this one
+// and a "|". starts_with, not LIKE: a username may hold % and _. Returns
+// each key and the failures it had, so that replicas are told of each key
+// one may remember refused. On Citus a statement on every shard; resets
+// are rare.
 func (q *Queries) LoginAttemptClearPrefix(ctx context.Context, db DBTX, prefix string) ([]*LoginAttemptClearPrefixRow, error) {
 	rows, err := db.Query(ctx, loginAttemptClearPrefix, prefix)
 	if err != nil {

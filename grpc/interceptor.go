@@ -40,7 +40,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -48,6 +47,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/slots"
 	"github.com/pglimit/pglimit/middleware/heavy"
 	"github.com/pglimit/pglimit/middleware/inflight"
 	mratelimit "github.com/pglimit/pglimit/middleware/ratelimit"
@@ -250,19 +250,16 @@ func timedOut(bctx context.Context, err error) error {
 	return err
 }
 
-// releaseWait bounds how long a call's end waits for its release to reach
-// the database, as the HTTP Handlers' answer does: long enough for a
-// release to land, so a client that got its answer never finds its own
-// slot held; short enough that a database that stopped answering delays
-// the answer by at most this much (the release goes on under the
-// Limiter's Timeout).
-const releaseWait = time.Second
-
-// release gives p back when the call ends (a failure is logged by the
-// Limiter's Leaser).
+// release gives p back when the call ends, before the call's answer goes
+// out, as the HTTP Handlers do: ctx carries the call's answer
+// (slots.Answer, put there by decide), so the release waits until it has
+// landed, its own round trip or the batch that carries it, for as long as
+// the database answers within the Limiter's Timeout, and a client that
+// reads the answer before it sends its next call never finds its own slot
+// held; a database that does not answer delays the answer once, by less
+// than the Timeout, whatever the interceptors nested (the release goes on
+// in the background; a failure is logged by the Limiter's Leaser).
 func release(ctx context.Context, p interface{ Release(context.Context) error }) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseWait)
-	defer cancel()
 	_ = p.Release(ctx)
 }
 
@@ -279,9 +276,16 @@ func (i *Interceptor) decide(ctx context.Context, method string, setHeader, setT
 	if !i.limits(method) {
 		return ctx, nil, nil
 	}
+	// The call's answer, shared by every interceptor around it: their
+	// releases come before it (release).
+	ctx = slots.Answer(ctx)
 	key, err := i.key(ctx)
 	if err != nil {
-		return nil, nil, Status(ctx, err).Err()
+		s := Status(ctx, err)
+		if s.Code() == codes.Internal {
+			i.log.ErrorContext(ctx, "pglimitgrpc: the key of a call failed", "method", method, "err", err)
+		}
+		return nil, nil, s.Err()
 	}
 	if key == "" {
 		if i.bare == nil {

@@ -488,8 +488,9 @@ func tokenLookups(t *testing.T, obs *pgxpool.Pool) int64 {
 // bogus bearer token, over two replicas, are all 429 banned; by the
 // database's own statistics the form posts cost no token lookup, and the
 // bearer tokens at most the budget of lookups a banned address has (50 a
-// second and 100 at once, per replica: at most 300 of the 1000 if they
-// take under a second). carol, behind the same address with
+// second and 100 at once, per replica; the test allows 2 × (100 + 50 ×
+// (the time they took + 1 s)), about 400 of the 1000 when they take under
+// a second). carol, behind the same address with
 // her own token, is served all along: the address's ban holds requests
 // without a token.
 func TestBannedAddressCostsNoLookup(t *testing.T) {

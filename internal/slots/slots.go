@@ -161,6 +161,12 @@ type Held struct {
 // next claim stays held by this replica and Release returns at once. It
 // is safe on the zero Held and more than once.
 func (h Held) Release(ctx context.Context) error {
+	if _, ok := ctx.Value(answerKey{}).(*answer); ok {
+		// A release on a context that carries an answer (Answer: the gRPC
+		// front's calls, through limit.Permit.Release) is that answer's.
+		h.ReleaseBeforeAnswer(ctx)
+		return nil
+	}
 	if h.lease == nil || h.kept != nil && h.kept.k.put(h.kept, h.gen) {
 		return nil
 	}

@@ -236,7 +236,7 @@ func TestKeptSlotRenewed(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Flush(context.Background()) })
 	left := newLeaseLeft(t, observer, "id-of-renewed-token")
-	h := l.Handler(left)
+	h := arrived(l.Handler(left))
 	start := time.Now()
 	n := 0
 	for time.Since(start) < 4*time.Second {
@@ -280,18 +280,35 @@ func newLeaseLeft(t *testing.T, observer *pgxpool.Pool, key string) *leaseLeft {
 	return w
 }
 
-func (w *leaseLeft) ServeHTTP(http.ResponseWriter, *http.Request) {
+// arrivedKey is the context key of when a request reached the Handler.
+type arrivedKey struct{}
+
+// arrived stamps each request with when it reached h, before the Limiter
+// decided it: leaseLeft judges the lease as it was then.
+func arrived(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), arrivedKey{}, time.Now())))
+	})
+}
+
+func (w *leaseLeft) ServeHTTP(_ http.ResponseWriter, r *http.Request) {
 	if w.n.Add(1)%5 != 1 {
 		return
 	}
+	// The lease the Limiter judged is the one left when the request
+	// arrived (the floor must be left then), not after a loaded machine
+	// scheduled the handler: began is the arrival when stamped.
 	began := time.Now()
+	if at, ok := r.Context().Value(arrivedKey{}).(time.Time); ok {
+		began = at
+	}
 	var ms int64
 	if err := w.observer.QueryRow(context.Background(), `SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint
 		FROM pglimit.request_in_flight WHERE scope = $1 AND expires_at > now()`, inflight.Scope(w.key)).Scan(&ms); err != nil {
 		w.t.Error(err)
 		return
 	}
-	// What was left when the request began: what is left at the
+	// What was left when the request arrived: what is left at the
 	// observer's statement, plus the time since (a loaded machine's
 	// scheduling is not the lease's fault).
 	if d := int64(time.Duration(ms)*time.Millisecond + time.Since(began)); d < w.least.Load() {
@@ -334,7 +351,7 @@ func TestKeptSlotRenewedLate(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Flush(context.Background()) })
 	left := newLeaseLeft(t, observer, "id-of-late-token")
-	h := l.Handler(left)
+	h := arrived(l.Handler(left))
 
 	// The locker: just after a renewal's answer, it locks the row, unless
 	// another renewal was sent meanwhile (then the next renewal would not

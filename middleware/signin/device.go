@@ -16,7 +16,14 @@ import (
 
 // Defaults of DeviceOptions.
 const (
-	defaultDeviceCookie = "pglimit_device"
+	// defaultDeviceCookie has the __Host- prefix: a browser takes such a
+	// cookie only from this host itself, Secure, with Path "/" and no
+	// Domain, so a sibling subdomain cannot plant cookies of the name that
+	// hide the real one (cookie tossing).
+	defaultDeviceCookie = "__Host-pglimit_device"
+	// maxDeviceCookies is how many cookies of a username's name a request's
+	// are checked: more than a browser keeps of one name.
+	maxDeviceCookies    = 16
 	defaultDeviceMaxAge = 30 * 24 * time.Hour
 	// minDeviceKey is the shortest key DeviceOptions.Keys takes: the
 	// HMAC-SHA256 key a brute force cannot reach.
@@ -49,7 +56,9 @@ type DeviceOptions struct {
 	MaxAge time.Duration
 	// CookieName is the prefix of the cookies' names: one cookie per
 	// username a browser signed in as, named this, "_" and 12 hex digits of
-	// the username's SHA-256. Default "pglimit_device".
+	// the username's SHA-256. Default "__Host-pglimit_device" (a name a
+	// browser takes only from this very host, so that another subdomain
+	// cannot plant cookies of the name).
 	CookieName string
 }
 
@@ -132,7 +141,7 @@ func deviceTag(key []byte, username string, body []byte) []byte {
 
 // check returns the device of r's cookie for username (the normalised
 // username), valid when its tag verifies under one of the keys and it
-// has not expired. It reads at most a few cookies of that name.
+// has not expired. It reads at most maxDeviceCookies cookies of that name.
 func (d *Devices) check(r *http.Request, username string) device {
 	if d == nil || username == "" {
 		return device{}
@@ -140,7 +149,7 @@ func (d *Devices) check(r *http.Request, username string) device {
 	name := d.cookieName(username)
 	seen := 0
 	for _, c := range r.CookiesNamed(name) {
-		if seen++; seen > 4 {
+		if seen++; seen > maxDeviceCookies {
 			break
 		}
 		if dev, ok := d.verify(c.Value, username); ok {

@@ -105,9 +105,15 @@ func TestDeviceCookieAgainstLockout(t *testing.T) {
 	}
 	laptop := cookies[0]
 	if !laptop.Secure || !laptop.HttpOnly || laptop.SameSite != http.SameSiteStrictMode || laptop.Path != "/" ||
-		!strings.HasPrefix(laptop.Name, "pglimit_device_") || laptop.MaxAge <= 0 {
+		!strings.HasPrefix(laptop.Name, "__Host-pglimit_device_") || laptop.MaxAge <= 0 {
 		t.Fatalf("device cookie %s: want Secure, HttpOnly, SameSite=Strict, Path /, a lifetime", laptop)
 	}
+	// Her tablet's, another device of hers.
+	_, tabletCookies := attempt(t, replicas[1], "198.51.100.8", "carol", rightPassword)
+	if len(tabletCookies) != 1 || tabletCookies[0].Name != laptop.Name || tabletCookies[0].Value == laptop.Value {
+		t.Fatalf("carol's tablet's cookie: %v", tabletCookies)
+	}
+	tablet := tabletCookies[0]
 	// Alice's cookie, for the cross-user check below.
 	_, aliceCookies := attempt(t, replicas[1], "203.0.113.50", "alice", rightPassword)
 	if len(aliceCookies) != 1 {
@@ -202,6 +208,10 @@ func TestDeviceCookieAgainstLockout(t *testing.T) {
 	}
 	if got, _ := attempt(t, replicas[0], "192.0.2.200", "carol", rightPassword, phone); got.status != http.StatusTooManyRequests || got.body["scope"] != "pair" {
 		t.Fatalf("a cookie past its pair's limit: %d %v; want 429 scope pair", got.status, got.body)
+	}
+	// Her tablet, another device, still signs in, from anywhere.
+	if got, _ := attempt(t, replicas[1], "192.0.2.201", "carol", rightPassword, tablet); got.status != http.StatusOK {
+		t.Fatalf("carol's tablet while her laptop's cookie is locked out: %d %v", got.status, got.body)
 	}
 	// The cookie's failures counted in its pair only, never toward the
 	// username's count over every client.
@@ -317,4 +327,50 @@ func flipMiddle(v string) string {
 		repl = 'B'
 	}
 	return v[:i] + string(repl) + v[i+1:]
+}
+
+// TestPairResetTakesItsOwn: Reset of a username on the pair throttle
+// clears every pair of that username and no other's: not those of a
+// longer username it is a prefix of ("al" and "alice"), nor of one that
+// starts with it and a "|" ("a" and "a|address:1.2.3.4"); and a username
+// too long for its pair keys to be stored as they are (160 characters) is
+// found and cleared too.
+func TestPairResetTakesItsOwn(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewDB(t, 4)
+	long := strings.Repeat("x", 160)
+	names := []string{"al", "alice", "a", "a|address:1.2.3.4", long}
+	a := newApp(t)
+	h := throttles(t, pool, nil, a)
+	for _, u := range names {
+		for _, from := range []string{"198.51.100.1", "198.51.100.2"} {
+			if got, _ := attempt(t, h, from, u, "wrong"); got.status != http.StatusUnauthorized {
+				t.Fatalf("%q from %s: %d %v", u, from, got.status, got.body)
+			}
+		}
+	}
+	pairs := func() (n int) {
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pglimit.login_attempt WHERE key LIKE 'pair:%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := pairs(); n != 2*len(names) {
+		t.Fatalf("%d pair rows, want %d", n, 2*len(names))
+	}
+	pair := newLimiter(t, pool, signin.Options{Scope: "pair", Limit: 5})
+	for i, u := range []string{"al", "a", long} {
+		got, err := pair.Reset(context.Background(), u)
+		if err != nil || got != 2 {
+			t.Fatalf("Reset(%.20q): %d failures, %v; want its 2", u, got, err)
+		}
+		if n := pairs(); n != 2*len(names)-2*(i+1) {
+			t.Fatalf("after Reset(%.20q): %d pair rows, want %d: another username's were cleared", u, n, 2*len(names)-2*(i+1))
+		}
+	}
+	for _, from := range []string{"198.51.100.1", "198.51.100.2"} {
+		if got, _ := attempt(t, h, from, long, "wrong"); got.status != http.StatusUnauthorized {
+			t.Fatalf("the long username after its reset: %d %v", got.status, got.body)
+		}
+	}
 }

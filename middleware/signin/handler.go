@@ -3,6 +3,8 @@ package signin
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -160,10 +162,25 @@ func (l *Limiter) keyOf(r *http.Request, dev device) (string, error) {
 }
 
 // pairPrefix is the start of every pair key of username: "pair:", the
-// username and "|" (a username that holds "|" cannot make another's
-// pairs: the prefix Reset clears ends at the last "|" the username has,
-// and every pair key has "address:" or "device:" after it).
-func pairPrefix(username string) string { return "pair:" + username + "|" }
+// username (or, longer than maxPairUsername bytes, "sha256:" and its
+// digest's hex, so that every pair key fits what the table stores as it
+// is and Reset finds it by its prefix) and "|". A username that holds "|"
+// makes no other username's pair: Reset clears the keys with the prefix
+// and no "|" after it (LoginAttemptClearPrefix), and no client part holds
+// one.
+func pairPrefix(username string) string {
+	if len(username) > maxPairUsername {
+		sum := sha256.Sum256([]byte(username))
+		username = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return "pair:" + username + "|"
+}
+
+// maxPairUsername is the longest username a pair key holds as it is: with
+// "pair:", "|" and the longest client part ("address:" and an IPv6
+// prefix, or "device:" and 32 hex digits) the key stays under the 200
+// bytes the table stores as they are (internal/keys).
+const maxPairUsername = 100
 
 // settle reports an outcome whose failure cannot change the response any
 // more; a failed write is logged.

@@ -256,18 +256,15 @@ type Options struct {
 	// given back when the handler answers neither 2xx nor 401, leaves its
 	// row until the window lapses — so a Key laxer than the handler lets
 	// anyone write throttle rows without a password check. Give Key the
-	// handler's own parse. Default: the username of a body that is one
-	// JSON object and nothing after it, or a form, normalised
-	// (NormalizeUsername), prefixed "username:", which keys on the
-	// username alone and never on X-Forwarded-For; it does not look at
-	// the other members, which it cannot know. With Scope "address" the
-	// default is the peer's address (the request's RemoteAddr as package
-	// clientaddr keys it: an IPv6 address stands for its /64) prefixed
-	// "address:" ("address:unknown" for a peer that is not an IP
-	// address), of a request whose body the username key can read (ok
-	// false otherwise); it never reads a forwarded header, so behind a
-	// proxy give a Key that asks a clientaddr.Resolver told which proxies
-	// to trust.
+	// handler's own parse (or give it to Username, which every default
+	// key reads). Default, by Scope, from Username, Addresses and Devices:
+	// "username:" and the username; "address:" and the client address
+	// ("address:unknown" for a peer that is not an IP address) of a
+	// request with a username; "pair:", the username, "|", and "address:"
+	// and the client address, or "device:" and the device's id for a
+	// request presenting a valid device cookie of the username. No default
+	// key reads a forwarded header but through Addresses, told which
+	// proxies to trust.
 	Key func(*http.Request) (key string, ok bool)
 	// Limit is how many failed sign-ins a key may have in one window
 	// (1..pglimit.MaxLimit); once it has that many, every sign-in of the key
@@ -295,8 +292,9 @@ type Options struct {
 	Timeout time.Duration
 	// OnError writes every response the Handler writes itself: a throttled
 	// key (*limit.Refusal), a body too large (*http.MaxBytesError) or
-	// unreadable (ErrUnreadable), a failed check, a failure that could not
-	// be recorded (ErrNotRecorded). The Handler has logged a failure that
+	// unreadable or without a key (ErrInvalidRequest), a client address a
+	// trusted proxy did not name (clientaddr.ErrUnreadable), a failed
+	// check, a failure that could not be recorded (ErrNotRecorded). The Handler has logged a failure that
 	// is not a refusal before it calls OnError. Default: WriteError.
 	OnError func(http.ResponseWriter, *http.Request, error)
 	// Logger receives failed checks and writes that failed after the

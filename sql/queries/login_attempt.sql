@@ -86,14 +86,17 @@ DELETE FROM pglimit.login_attempt WHERE key = @key::text
 RETURNING failures;
 
 -- name: LoginAttemptClearPrefix :many
--- An operator's reset of every key that starts with @prefix: the pairs
--- of one username (middleware/signin, Scope "pair": "pair:<username>|"
--- followed by the client address or device), one row per client the
--- username failed from. starts_with, not LIKE: a username may hold % and
--- _. Returns each key and the failures it had, so that replicas are told
--- of each key one may remember refused. On Citus a statement on every
--- shard; resets are rare.
-DELETE FROM pglimit.login_attempt WHERE starts_with(key, @prefix::text)
+-- An operator's reset of every key that starts with @prefix and has no
+-- "|" after it: the pairs of one username (middleware/signin, Scope
+-- "pair": "pair:<username>|" followed by the client address or device,
+-- neither of which holds a "|"), one row per client the username failed
+-- from, and not the pairs of a longer username that starts with this one
+-- and a "|". starts_with, not LIKE: a username may hold % and _. Returns
+-- each key and the failures it had, so that replicas are told of each key
+-- one may remember refused. On Citus a statement on every shard; resets
+-- are rare.
+DELETE FROM pglimit.login_attempt
+WHERE starts_with(key, @prefix::text) AND strpos(substr(key, length(@prefix::text) + 1), '|') = 0
 RETURNING key, failures;
 
 -- name: LoginAttemptList :many

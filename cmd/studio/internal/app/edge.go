@@ -49,6 +49,10 @@ func (a *App) clientKey(r *http.Request) (string, bool) {
 func (a *App) guarded(h http.Handler) http.Handler {
 	g := a.denyByAddress.Handler(a.banGuard(h))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every request's body has its time, the health checks' and an
+		// unreadable address's included: net/http reads (up to 256 KB of)
+		// a body no handler read before it answers.
+		r = a.bodyDeadline(w, r)
 		switch r.URL.Path {
 		case "/healthz", "/readyz", "/metrics":
 			h.ServeHTTP(w, r)
@@ -65,7 +69,6 @@ func (a *App) guarded(h http.Handler) http.Handler {
 			key = "unknown"
 		}
 		r = r.WithContext(context.WithValue(r.Context(), clientKeyKey{}, key))
-		a.bodyDeadline(w, r)
 		g.ServeHTTP(w, r)
 	})
 }
@@ -133,6 +136,7 @@ const tokenMemoryMax = 10_000
 type tokenMemory struct {
 	mu    sync.Mutex
 	until map[string]time.Time
+	swept time.Time // the last sweep of lapsed entries
 }
 
 func (m *tokenMemory) remember(digest []byte) {
@@ -142,11 +146,22 @@ func (m *tokenMemory) remember(digest []byte) {
 		m.until = map[string]time.Time{}
 	}
 	now := time.Now()
-	if len(m.until) >= tokenMemoryMax {
+	if _, ok := m.until[string(digest)]; !ok && len(m.until) >= tokenMemoryMax {
+		// Full: lapsed entries go, at most once a second; when none has
+		// lapsed, the token is not remembered (its next request from a
+		// banned address spends the budget), so a flood of new tokens
+		// costs a sweep a second, not one per lookup.
+		if now.Sub(m.swept) < time.Second {
+			return
+		}
+		m.swept = now
 		for k, t := range m.until {
-			if now.After(t) || len(m.until) >= tokenMemoryMax {
+			if now.After(t) {
 				delete(m.until, k)
 			}
+		}
+		if len(m.until) >= tokenMemoryMax {
+			return
 		}
 	}
 	m.until[string(digest)] = now.Add(tokenMemoryFor)
@@ -189,22 +204,26 @@ func (b *lookupBudgets) allow(key string) bool {
 	return l.Allow()
 }
 
-// bodyDeadline gives r's body -body-timeout to arrive: the connection's read
-// deadline is set that far ahead and cleared once the body has been read
+// bodyDeadline gives r's body -body-timeout to arrive: the connection's
+// read deadline is set that far ahead and cleared once the body has been read
 // to its end, so that a handler that outlives the deadline (a console
 // statement, an export) is not cut by it. A body still arriving at the
 // deadline fails its handler's read and its connection is closed: a client
 // that trickles a body a byte at a time holds a connection, a goroutine
 // and its buffers no longer than this.
-func (a *App) bodyDeadline(w http.ResponseWriter, r *http.Request) {
+// It returns r with its body wrapped (a shallow copy: the incoming
+// request is not changed).
+func (a *App) bodyDeadline(w http.ResponseWriter, r *http.Request) *http.Request {
 	if r.Body == nil || r.Body == http.NoBody {
-		return
+		return r
 	}
 	rc := http.NewResponseController(w)
 	if err := rc.SetReadDeadline(time.Now().Add(a.cfg.BodyTimeout)); err != nil {
-		return
+		return r
 	}
-	r.Body = &deadlineBody{ReadCloser: r.Body, clear: func() { _ = rc.SetReadDeadline(time.Time{}) }}
+	c := r.WithContext(r.Context())
+	c.Body = &deadlineBody{ReadCloser: r.Body, clear: func() { _ = rc.SetReadDeadline(time.Time{}) }}
+	return c
 }
 
 // deadlineBody clears the read deadline once its body is read to the end.
