@@ -25,6 +25,7 @@ type options struct {
 	DryRun        bool
 	Timeout       time.Duration
 	Borrow        bool
+	Shares        int
 	Ban           *ban.Bans
 	Overrides     *override.Store
 	QualifiedKey  func(string) string
@@ -51,7 +52,7 @@ func (l *limiter) Handler(next http.Handler) http.Handler { return l.mw.Handler(
 // middleware.
 func build(pool *pgxpool.Pool, o options) (*limiter, error) {
 	e, err := ratelimit.New(pool, ratelimit.Options{Name: o.Name, Policies: o.Policies, FailOpen: o.FailOpen, DryRun: o.DryRun,
-		Timeout: o.Timeout, Borrow: o.Borrow, Ban: o.Ban, Overrides: o.Overrides, QualifiedKey: o.QualifiedKey,
+		Timeout: o.Timeout, Borrow: o.Borrow, Shares: o.Shares, Ban: o.Ban, Overrides: o.Overrides, QualifiedKey: o.QualifiedKey,
 		Logger: o.Logger, MeterProvider: o.MeterProvider})
 	if err != nil {
 		return nil, err

@@ -81,6 +81,30 @@
 // pglimit.decisions with source "memory". Keys decided less often, keys
 // under several policies and dry run decide in the database per request.
 //
+// # Shares
+//
+// With Options.Shares (8 by default), a twentieth of each policy's burst
+// and rate is kept apart, split into that many shares, and the database
+// decides the rest. A replica holds at most one share (a lease in
+// pglimit.share, renewed in the background while decisions come) and
+// spends each key's share of it in memory, with no statement: a key that
+// sends a replica less than its share's rate — a user who sends a request
+// every few seconds, spread by a balancer — costs the database nothing
+// per request. At most Shares replicas spend shares at once; a new holder
+// spends nothing for a lease after its claim, each key's share empty then,
+// so that no share is spent twice across a takeover, a holder that was
+// killed or a restart of the database; and every replica's admissions
+// together stay within Burst + Limit × L / Window in every interval of
+// length L (TestSharesHoldTheRate, TestShareTakenAfterTheTableEmptied).
+// The price: the database alone admits a twentieth less, so a client above
+// 95 % of its limit on one replica may be refused a request one shared
+// counter would have admitted (none at or under 90 % is), and one request
+// may cost at most what the database decides at once. A policy whose
+// burst is below 20 × Shares has none. A decision from a share reports the
+// policy's state as if the key had spent only this request (this replica
+// does not know what the others spent), counted in pglimit.decisions with
+// source "memory".
+//
 // # Bans
 //
 // With Options.Ban, every refusal by the rate (not one of a request that
@@ -183,6 +207,20 @@ type Options struct {
 	// several policies, and dry run, decide in the database per request.
 	// Default false: every admission is a statement.
 	Borrow bool
+	// Shares is how many replicas may spend a key's share of each policy
+	// in memory, with no statement (see Shares): a twentieth of each
+	// policy's burst and rate, split into Shares shares, spent by at most
+	// Shares replicas at once; the database decides the rest. A key that
+	// sends a replica less than its share's rate — a user who sends a
+	// request every few seconds — costs no statement. Exact: every
+	// replica's admissions together stay within the policy's bound. The
+	// price: the database admits a twentieth less, so a client above 95 %
+	// of its limit may be refused a request one shared counter would have
+	// admitted, and one request may cost at most Burst less the shares'
+	// units. Every replica of a limiter must have the same Shares. A policy
+	// whose burst is below 20 × Shares has no shares. -1 turns them off.
+	// Default 8.
+	Shares int
 	// Ban, when set, bans keys this limiter refuses too often (package
 	// ban): every refusal of a key is counted toward its ban, and a
 	// banned key is refused before any statement, from memory, with a
@@ -238,6 +276,8 @@ type Limiter struct {
 	sub    *bus.Subscription
 	memory *memo.Table[*refusal]
 	borrow *borrower
+	// shares is nil unless Options.Shares (see Shares).
+	shares *shares
 	// bans is Options.Ban (nil: none), over Options.Overrides, qualify
 	// Options.QualifiedKey.
 	bans    *ban.Bans
@@ -300,6 +340,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	b := bus.For(pool)
 	l.sub = b.Subscribe(bus.TopicRate+l.name, l.forget, l.forgetAll)
 	l.memory = memo.New[*refusal](b, l.sub)
+	switch {
+	case opts.Shares < -1 || opts.Shares > 1024:
+		return nil, fmt.Errorf("ratelimit: Options.Shares %d: want -1 (off) to 1024", opts.Shares)
+	case opts.Shares == 0:
+		opts.Shares = defaultShares
+	}
+	if opts.Shares > 0 {
+		l.shares = newShares(l, opts.Shares)
+	}
 	if opts.Borrow && !opts.DryRun {
 		if l.borrow, err = newBorrower(l, opts.MeterProvider); err != nil {
 			return nil, err
@@ -379,10 +428,13 @@ func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]KeyState, 
 	out := make([]KeyState, 0, len(rows))
 	for _, r := range rows {
 		policies, _ := l.overridden(r.Key, l.policies)
+		decided := l.decidedBy(policies)
 		ks := KeyState{Key: r.Key}
-		for _, p := range policies {
+		for j, p := range policies {
 			if i := slices.Index(r.Policies, p.Name); i >= 0 && i < len(r.Tats) {
-				ks.Policies = append(ks.Policies, stateOf(p, r.Now.UnixMicro(), r.Tats[i].UnixMicro()))
+				st := stateOf(decided[j], r.Now.UnixMicro(), r.Tats[i].UnixMicro())
+				st.Policy = p
+				ks.Policies = append(ks.Policies, st)
 			}
 		}
 		if len(ks.Policies) > 0 {
@@ -396,6 +448,11 @@ func (l *Limiter) Keys(ctx context.Context, after string, max int) ([]KeyState, 
 // (Options.Borrow), so other replicas may spend them: call it when the
 // replica shuts down. Without borrowing it does nothing.
 func (l *Limiter) Flush(ctx context.Context) error {
+	if l.shares != nil {
+		if err := l.shares.flush(ctx); err != nil {
+			return fmt.Errorf("ratelimit: flush: giving the share back: %w", err)
+		}
+	}
 	if l.borrow == nil {
 		return nil
 	}
@@ -403,6 +460,37 @@ func (l *Limiter) Flush(ctx context.Context) error {
 		return fmt.Errorf("ratelimit: flush: %w", err)
 	}
 	return nil
+}
+
+// decidedBy is policies as the database decides them: with Options.Shares,
+// each less the shares kept apart from it.
+func (l *Limiter) decidedBy(policies []Policy) []Policy {
+	if l.shares == nil {
+		return policies
+	}
+	return l.shares.reduce(policies)
+}
+
+// asConfigured puts policies (the request's, as configured and
+// overridden) back into the states and refusal of a decision made by the
+// policies the database decided (decidedBy): the headers and the problem
+// name the configured policy, and report the state the database holds.
+func asConfigured(policies []Policy, states []PolicyState, e *LimitError) {
+	for i := range states {
+		if i < len(policies) && states[i].Name == policies[i].Name {
+			states[i].Policy = policies[i]
+		}
+	}
+	if e != nil {
+		for i := range e.Policies {
+			if i < len(policies) && e.Policies[i].Name == policies[i].Name {
+				e.Policies[i].Policy = policies[i]
+			}
+		}
+		if len(e.Violated) > 0 {
+			e.Limit = limitOf(policies, e.Violated[0])
+		}
+	}
 }
 
 // Name returns Options.Name.
@@ -611,13 +699,25 @@ func (l *Limiter) acquireN(ctx context.Context, key string, cost int, policies [
 	if nothing != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: nothing, Limit: 0, Cost: cost})
 	}
-	if never := exceedsBurst(policies, cost); never != nil {
+	// The database decides by decided: policies less their shares.
+	decided := l.decidedBy(policies)
+	if never := exceedsBurst(decided, cost); never != nil {
 		return l.refused(ctx, key, &LimitError{Name: l.name, Violated: never, Limit: limitOf(policies, never[0]), Cost: cost})
 	}
 	stored := keys.Stored(key)
 	now := time.Now()
+	if l.shares != nil && l.shares.acquire(stored, cost, policies, now) {
+		// From this replica's share of the key: no statement.
+		l.obs.GrantedFromMemory(ctx, scopeKey)
+		states := make([]PolicyState, len(policies))
+		for i, p := range decided {
+			states[i] = stateOf(p, now.UnixMicro(), now.UnixMicro()+int64(cost)*p.emission())
+			states[i].Policy = policies[i]
+		}
+		return &Permit{Name: l.name, Cost: cost, Policies: states, At: now, l: l, key: stored, policies: decided, borrowed: true}, nil
+	}
 	if !dryRun {
-		le, gate := l.recall(stored, cost, policies, now)
+		le, gate := l.recall(stored, cost, decided, now)
 		if le == nil && gate != nil {
 			// The key was refused lately: this replica's statements for it
 			// take turns, and each looks again first, so that one asks
@@ -625,22 +725,29 @@ func (l *Limiter) acquireN(ctx context.Context, key string, cost int, policies [
 			gate.Lock()
 			defer gate.Unlock()
 			now = time.Now()
-			le, _ = l.recall(stored, cost, policies, now)
+			le, _ = l.recall(stored, cost, decided, now)
 		}
 		if le != nil {
 			l.obs.RefusedFromMemory(ctx, scopeKey)
+			asConfigured(policies, le.Policies, le)
 			return nil, l.toward(ctx, key, le)
 		}
 	}
-	if l.borrow != nil && len(policies) == 1 && cost > 0 {
-		p, err, done := l.borrow.acquire(ctx, stored, cost, policies[0], policies, now)
+	if l.borrow != nil && len(decided) == 1 && cost > 0 {
+		p, err, done := l.borrow.acquire(ctx, stored, cost, decided[0], decided, now)
 		if done {
+			var le *LimitError
+			if p != nil {
+				asConfigured(policies, p.Policies, nil)
+			} else if errors.As(err, &le) {
+				asConfigured(policies, le.Policies, le)
+			}
 			return l.borrowed(ctx, key, p, err)
 		}
 	}
 	seq := l.memory.Seq()
 	start := time.Now()
-	d, err := l.decide(ctx, stored, cost, policies)
+	d, err := l.decide(ctx, stored, cost, decided)
 	received := time.Now()
 	l.obs.Took(ctx, observe.Check, start)
 	if err != nil {
@@ -653,12 +760,23 @@ func (l *Limiter) acquireN(ctx context.Context, key string, cost int, policies [
 	l.incident.recovered(ctx)
 	if d.refusal != nil {
 		if !dryRun {
-			l.remember(stored, policies, cost, d, start, received, seq)
+			l.remember(stored, decided, cost, d, start, received, seq)
+		}
+		if l.shares != nil {
+			// A refusal remembered keeps the policies it was decided by;
+			// the one returned names the configured ones.
+			e := *d.refusal
+			e.Policies = slices.Clone(e.Policies)
+			asConfigured(policies, e.Policies, &e)
+			return l.refused(ctx, key, &e)
 		}
 		return l.refused(ctx, key, d.refusal)
 	}
 	l.obs.Granted(ctx, scopeKey)
-	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at, l: l, key: stored, policies: policies, tats: d.tats}, nil
+	if l.shares != nil {
+		asConfigured(policies, d.states, nil)
+	}
+	return &Permit{Name: l.name, Cost: cost, Policies: d.states, At: d.at, l: l, key: stored, policies: decided, tats: d.tats}, nil
 }
 
 // refusal is a refusal remembered (package memo): under GCRA a key's TATs

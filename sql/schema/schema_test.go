@@ -81,6 +81,7 @@ func TestLimitTablesAreUnlogged(t *testing.T) {
 		{"quota_usage", "r", "u", "", false},
 		{"refusal_minute", "r", "u", "", true},
 		{"replica", "r", "u", "", true},
+		{"share", "r", "u", "", true}, // the rate limit's shares: a row per share held
 		{"slot", "r", "u", "", false},
 		{"slot_lock", "r", "u", "", false},
 	}
