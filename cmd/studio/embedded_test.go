@@ -97,7 +97,7 @@ func TestFlags(t *testing.T) {
 		"-api-quota", "-quota-timezone", "-export-rows-per-day", "-plugin-bytes-per-month",
 		"-trusted-proxies", "-client-address-header", "-ipv6-prefix", "-address-rate", "-address-burst",
 		"-sign-in-address-failures", "-sign-in-username-failures", "-sign-in-strict", "-api-borrow",
-		"-body-timeout", "-max-conns-per-peer", "-sql-console-temp-file-limit", "-sql-console-work-mem",
+		"-body-timeout", "-max-conns-per-peer", "-sql-console-temp-file-limit", "-sql-console-work-mem", "-demo-users",
 	} {
 		if !strings.Contains(string(out), "  "+name+" ") && !strings.Contains(string(out), "  "+name+"\n") {
 			t.Errorf("-h does not list %s", name)
@@ -116,6 +116,7 @@ func TestFlags(t *testing.T) {
 		{"-body-timeout", "0"},
 		{"-max-conns-per-peer", "0"},
 		{"-sign-in-username-failures", "-1"},
+		{"-demo-users", "-1"},
 		{"-token-in-flight-keep", "-1s"},
 		{"-history-rows", "199"},
 		{"-flow-rows", "0"},
@@ -133,4 +134,23 @@ func TestFlags(t *testing.T) {
 			t.Errorf("studio %v failed without saying why", args)
 		}
 	}
+}
+
+// TestDemoUsers: -demo -demo-users 2000 seeds user00001 … user02000 at
+// once (one hash for all, a statement for all: the replica is up within
+// the harness's start-up bound), each with its token and the demo
+// password; user02001 is no user; and a second replica starting on the
+// same database seeds nothing twice.
+func TestDemoUsers(t *testing.T) {
+	t.Parallel()
+	procs, _ := studio(t, 2, "-demo-users", "2000")
+	for _, u := range []string{"user00001", "user01234", "user02000"} {
+		if r := call(t, http.MethodGet, procs[0].URL+"/api/limits/usage?user="+u, u+"-token", nil); r.Status != http.StatusOK {
+			t.Errorf("%s's token: %d %s", u, r.Status, r.Body)
+		}
+	}
+	if r := call(t, http.MethodPost, procs[1].URL+"/api/session", "", map[string]string{"username": "user02000", "password": "studio"}); r.Status != http.StatusOK {
+		t.Errorf("user02000 signs in: %d %s", r.Status, r.Body)
+	}
+	call(t, http.MethodGet, procs[1].URL+"/api/limits", "user02001-token", nil).problemOf(t, http.StatusUnauthorized, "unauthorized")
 }

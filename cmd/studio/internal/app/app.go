@@ -152,7 +152,9 @@ func New(ctx context.Context, cfg *Config, embedded bool, log *slog.Logger) (*Ap
 		return nil, err
 	}
 	if cfg.DemoFor(embedded) {
-		if err := Seed(ctx, a.primary, DemoData()); err != nil {
+		demo := DemoData()
+		demo.NumberedUsers = cfg.DemoUsers
+		if err := Seed(ctx, a.primary, demo); err != nil {
 			return nil, fmt.Errorf("demo seed: %w", err)
 		}
 	}

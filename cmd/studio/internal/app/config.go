@@ -30,6 +30,7 @@ type Config struct {
 	ReplicaName    string
 	Demo           bool
 	demoSet        bool
+	DemoUsers      int // with Demo, more users user00001… for load runs
 	PoolMaxConns   int
 
 	SQLConsoleURL  string
@@ -263,6 +264,7 @@ func ParseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.ReadReplicaURL, "read-replica-url", os.Getenv("READ_REPLICA_URL"), "read replica for history reads (default $READ_REPLICA_URL, else none)")
 	fs.StringVar(&c.ReplicaName, "replica-name", defaultReplicaName(), "name in the replica registry")
 	fs.BoolVar(&c.Demo, "demo", false, "seed demo users, tokens and history (default on when embedded)")
+	fs.IntVar(&c.DemoUsers, "demo-users", 0, "with -demo, also seed N users user00001… (password studio, token user00001-token …) for load runs")
 	fs.IntVar(&c.PoolMaxConns, "pool-max-conns", 16, "pgxpool size; installation-wide heavy cap = max(1, this / 4)")
 
 	fs.StringVar(&c.SQLConsoleURL, "sql-console-url", os.Getenv("SQL_CONSOLE_URL"), "connection the SQL console runs on, as a role that may only read the history tables (default $SQL_CONSOLE_URL, else the primary as user studio_console, else SET ROLE on the primary)")
@@ -362,6 +364,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("pool-max-conns", c.PoolMaxConns)
+	if c.DemoUsers < 0 || c.DemoUsers > 1_000_000 {
+		errs = append(errs, errors.New("-demo-users must be from 0 to 1000000"))
+	}
 	positive("sql-console-cap", c.SQLConsoleCap)
 	positive("sql-console-rows", c.SQLConsoleRows)
 	positive("export-cap", c.ExportCap)

@@ -13,13 +13,16 @@ import (
 
 // DemoSet is the demo data of REFERENCE-SERVICE.md.
 type DemoSet struct {
-	Users       []string // each with password Password and token <name>-token
-	Operators   []string // the users among Users who are operators
-	Password    string
-	AuditEvents int
-	Events      int
-	Alerts      int
-	FlowRows    int
+	Users     []string // each with password Password and token <name>-token
+	Operators []string // the users among Users who are operators
+	Password  string
+	// NumberedUsers more users user00001… (password Password, token
+	// <user>-token) for load runs (-demo-users).
+	NumberedUsers int
+	AuditEvents   int
+	Events        int
+	Alerts        int
+	FlowRows      int
 }
 
 // DemoData is alice, bob and carol (password "studio", tokens alice-token,
@@ -52,6 +55,11 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, d DemoSet) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := q.SeedLock(ctx, tx); err != nil {
 			return err
+		}
+		if d.NumberedUsers > 0 {
+			if err := q.SeedNumberedUsers(ctx, tx, &studiodb.SeedNumberedUsersParams{PasswordHash: string(hash), N: int32(d.NumberedUsers)}); err != nil {
+				return err
+			}
 		}
 		for _, u := range d.Users {
 			id, err := q.SeedUser(ctx, tx, &studiodb.SeedUserParams{Username: u, PasswordHash: string(hash), Operator: slices.Contains(d.Operators, u)})

@@ -100,6 +100,35 @@ func (q *Queries) SeedMessageFlow(ctx context.Context, db DBTX, n int32) error {
 	return err
 }
 
+const SeedNumberedUsers = `-- name: SeedNumberedUsers :exec
+WITH made AS (
+    INSERT INTO app_user (username, password_hash, operator)
+    SELECT 'user' || lpad(g::text, 5, '0'), $1::text, false
+    FROM generate_series(1, $2::int) AS g
+    ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash
+    RETURNING id, username
+)
+INSERT INTO api_token (digest, user_id, name)
+SELECT sha256(convert_to(made.username || '-token', 'UTF8')), made.id, 'demo'
+FROM made
+ON CONFLICT (digest) DO NOTHING
+`
+
+type SeedNumberedUsersParams struct {
+	PasswordHash string
+	N            int32
+}
+
+// With -demo-users: @n more demo users user00001, user00002, … (password
+// as the demo's, one bcrypt hash for all, so that seeding thousands of
+// users takes a statement and not minutes of hashing), each with the token
+// <user>-token stored as its SHA-256 digest (TokenDigest) like every
+// token. Two statements in one; users and tokens already there are kept.
+func (q *Queries) SeedNumberedUsers(ctx context.Context, db DBTX, arg *SeedNumberedUsersParams) error {
+	_, err := db.Exec(ctx, SeedNumberedUsers, arg.PasswordHash, arg.N)
+	return err
+}
+
 const SeedToken = `-- name: SeedToken :exec
 INSERT INTO api_token (digest, user_id, name) VALUES ($1::bytea, $2::bigint, $3::text)
 ON CONFLICT (digest) DO UPDATE SET name = excluded.name

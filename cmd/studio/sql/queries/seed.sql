@@ -57,3 +57,21 @@ SELECT now() - interval '1 minute' * g,
        'address-' || ((g * 7 + 3) % 12),
        1 + (g * 37) % 500
 FROM generate_series(1, @n::int) AS g;
+
+-- name: SeedNumberedUsers :exec
+-- With -demo-users: @n more demo users user00001, user00002, … (password
+-- as the demo's, one bcrypt hash for all, so that seeding thousands of
+-- users takes a statement and not minutes of hashing), each with the token
+-- <user>-token stored as its SHA-256 digest (TokenDigest) like every
+-- token. Two statements in one; users and tokens already there are kept.
+WITH made AS (
+    INSERT INTO app_user (username, password_hash, operator)
+    SELECT 'user' || lpad(g::text, 5, '0'), @password_hash::text, false
+    FROM generate_series(1, @n::int) AS g
+    ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash
+    RETURNING id, username
+)
+INSERT INTO api_token (digest, user_id, name)
+SELECT sha256(convert_to(made.username || '-token', 'UTF8')), made.id, 'demo'
+FROM made
+ON CONFLICT (digest) DO NOTHING;
