@@ -237,9 +237,10 @@ func TestOnCitus(t *testing.T) {
 		"QuotaUsageDeleteLapsed":          "housekeeping of a coordinator table (quotas are not distributed)",
 		"QuotaLedgerDeleteLapsed":         "housekeeping of a coordinator table (quotas are not distributed)",
 		"AccessRuleDeleteLapsed":          "housekeeping of a coordinator table (the allow and deny lists are not distributed)",
-		"ShareClaim":                      "a rate limit's share: a coordinator table, a claim at start and after a lapse",
-		"ShareRenew":                      "a rate limit's share: a coordinator table, a renewal every few seconds",
-		"ShareRelease":                    "a rate limit's share given back: a coordinator table",
+		"ShareClaim":                      "a share (rate, in-flight): a coordinator table, a claim at start and after a lapse",
+		"ShareRenew":                      "a share: a coordinator table, a renewal every few seconds",
+		"ShareRelease":                    "a share given back: a coordinator table",
+		"ShareHolders":                    "a slot limiter's list of share holders: a coordinator table, every few seconds",
 	}
 	for name := range calls {
 		if _, ok := notDecisions[name]; !ok && !slices.Contains(router, name) {

@@ -54,6 +54,40 @@ func (q *Queries) ShareClaim(ctx context.Context, db DBTX, arg *ShareClaimParams
 	return slot, err
 }
 
+const shareHolders = `-- name: ShareHolders :many
+SELECT DISTINCT holder FROM pglimit.share
+WHERE name = $1::text AND expires_at > now() - interval '1 millisecond' * $2::bigint
+`
+
+type ShareHoldersParams struct {
+	Name     string
+	LingerMs int64
+}
+
+// The holders of @name's shares whose lease runs, or ran out less than
+// @linger_ms ago (a holder's last requests may still run that long), for
+// the claims of a slot limiter with shares (internal/slots): each counts
+// one slot of every scope reserved until it gives the scope up.
+func (q *Queries) ShareHolders(ctx context.Context, db DBTX, arg *ShareHoldersParams) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, shareHolders, arg.Name, arg.LingerMs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var holder uuid.UUID
+		if err := rows.Scan(&holder); err != nil {
+			return nil, err
+		}
+		items = append(items, holder)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const shareList = `-- name: ShareList :many
 SELECT slot, holder, expires_at FROM pglimit.share
 WHERE name = $1::text AND expires_at > now()

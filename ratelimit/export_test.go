@@ -17,12 +17,12 @@ const MaxPolicies = maxPolicies
 
 // ShareLease sets how long l's share leases run (the tests' shorter
 // leases; the production one is 10 s).
-func ShareLease(l *Limiter, d time.Duration) { l.shares.lease = d }
+func ShareLease(l *Limiter, d time.Duration) { l.shares.lease.SetLease(d, d) }
 
 // Spending reports whether l holds a share and may spend it now (it claims
 // or renews one in the background as a decision would).
 func Spending(l *Limiter) bool {
-	_, ok := l.shares.spendable(time.Now())
+	_, ok := l.shares.lease.Spendable(time.Now())
 	return ok
 }
 
@@ -35,8 +35,4 @@ func Reduced(ps []Policy, slots int) []Policy { return (&shares{slots: slots}).r
 
 // Kill stops l as a killed replica stops: it spends no share any more and
 // never gives its share back (its lease runs out in the database).
-func Kill(l *Limiter) {
-	l.shares.mu.Lock()
-	l.shares.stopped, l.shares.slot = true, 0
-	l.shares.mu.Unlock()
-}
+func Kill(l *Limiter) { l.shares.lease.Kill() }

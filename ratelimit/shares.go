@@ -6,11 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/pglimit/pglimit/db"
-	"github.com/pglimit/pglimit/internal/dberr"
 	"github.com/pglimit/pglimit/internal/memo"
+	share "github.com/pglimit/pglimit/internal/shares"
 )
 
 // Shares (Options.Shares): the cold path. Of each policy of every key, a
@@ -58,34 +55,14 @@ const (
 	maxShareKeys = 100_000
 )
 
-// shareLease is how long a share's lease runs from the statement that
-// gave or renewed it; a variable for the tests.
-var shareLease = 10 * time.Second
-
-// shares is a Limiter's side of Options.Shares.
+// shares is a Limiter's side of Options.Shares: its lease on a share
+// (package internal/shares) and its keys' shares on this replica.
 type shares struct {
-	l      *Limiter
-	slots  int
-	holder uuid.UUID
-	seed   maphash.Seed
-	// lease is how long a lease runs: shareLease, and at least twice the
-	// Limiter's Timeout, so that a claim answered at all was decided
-	// within half a lease of its send (a new holder's first spend, a lease
-	// after its send, then comes after the lease it took over ran out).
-	lease time.Duration
-
-	mu sync.Mutex
-	// slot is the share this Limiter holds (0: none); from is when it may
-	// spend it (a lease after its claim), until when it must stop (its
-	// lease by this replica's clock). running: the keeper runs; used:
-	// when a decision last asked for the share.
-	slot        int32
-	from, until time.Time
-	running     bool
-	used        time.Time
-	stopped     bool
-
-	keys [memo.Shards]shareShard
+	l     *Limiter
+	slots int
+	lease *share.Lease
+	seed  maphash.Seed
+	keys  [memo.Shards]shareShard
 }
 
 type shareShard struct {
@@ -100,7 +77,8 @@ type shareKey struct {
 }
 
 func newShares(l *Limiter, slots int) *shares {
-	return &shares{l: l, slots: slots, holder: uuid.New(), seed: maphash.MakeSeed(), lease: max(shareLease, 2*l.timeout)}
+	return &shares{l: l, slots: slots, seed: maphash.MakeSeed(),
+		lease: share.New(l.pool, share.Config{Name: "rate:" + l.name, Slots: slots, Timeout: l.timeout})}
 }
 
 // shareOf is a share of p among slots shares: c units at once, one more
@@ -157,10 +135,6 @@ func (s *shares) acquire(key string, cost int, policies []Policy, now time.Time)
 	if cost < 1 {
 		return false
 	}
-	from, ok := s.spendable(now)
-	if !ok {
-		return false
-	}
 	var (
 		cs [maxPolicies]int64
 		ts [maxPolicies]time.Duration
@@ -171,6 +145,11 @@ func (s *shares) acquire(key string, cost int, policies []Policy, now time.Time)
 			return false
 		}
 		cs[i], ts[i] = c, t
+	}
+	// Only a limiter whose policies have shares takes one.
+	from, ok := s.lease.Spendable(now)
+	if !ok {
+		return false
 	}
 	sh := &s.keys[maphash.String(s.seed, key)%memo.Shards]
 	sh.mu.Lock()
@@ -257,116 +236,5 @@ func (k *shareKey) refilled(now time.Time) bool {
 	return true
 }
 
-// spendable reports whether this Limiter may spend its share at now, and
-// from when its share is spendable. It starts the keeper, which claims a
-// share and renews its lease, when it does not run.
-func (s *shares) spendable(now time.Time) (time.Time, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return time.Time{}, false
-	}
-	s.used = now
-	if !s.running {
-		s.running = true
-		go s.keep()
-	}
-	if s.slot != 0 && !now.Before(s.until) {
-		s.slot = 0 // the lease ran out: the share may be another's now
-	}
-	if s.slot == 0 || now.Before(s.from) {
-		return time.Time{}, false
-	}
-	return s.from, true
-}
-
-// keep claims a share and renews its lease a third of a lease apart,
-// while decisions ask for it: once none has for two leases (the Limiter
-// idle, or Flushed), it gives the share back and ends; the next decision
-// starts it again (and its new share is spendable a lease later).
-func (s *shares) keep() {
-	for {
-		s.mu.Lock()
-		idle := time.Since(s.used) > 2*s.lease
-		if s.stopped || idle {
-			slot := s.slot
-			s.slot, s.running = 0, false
-			if slot != 0 {
-				s.releaseLocked(slot)
-			}
-			s.mu.Unlock()
-			return
-		}
-		slot := s.slot
-		s.mu.Unlock()
-		if slot == 0 {
-			s.claim()
-		} else {
-			s.renew(slot)
-		}
-		time.Sleep(s.lease / 3)
-	}
-}
-
-// claim takes a share; its holder spends it from a lease after the claim
-// was sent.
-func (s *shares) claim() {
-	ctx, cancel := dberr.WithTimeout(context.Background(), s.l.timeout)
-	defer cancel()
-	sent := time.Now()
-	slot, err := s.l.q.ShareClaim(ctx, s.l.pool, &db.ShareClaimParams{Name: s.l.name, Holder: s.holder,
-		LeaseMs: s.lease.Milliseconds(), Slots: int32(s.slots)})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		return // none free (or the database did not answer): the keeper tries again
-	}
-	if s.stopped {
-		s.releaseLocked(slot)
-		return
-	}
-	s.slot, s.from, s.until = slot, sent.Add(s.lease), sent.Add(s.lease)
-}
-
-// renew extends the lease of slot from the statement's send.
-func (s *shares) renew(slot int32) {
-	ctx, cancel := dberr.WithTimeout(context.Background(), s.l.timeout)
-	defer cancel()
-	sent := time.Now()
-	n, err := s.l.q.ShareRenew(ctx, s.l.pool, &db.ShareRenewParams{Name: s.l.name, Slot: slot, Holder: s.holder,
-		LeaseMs: s.lease.Milliseconds()})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.slot != slot:
-	case err == nil && n == 1:
-		s.until = sent.Add(s.lease)
-	case err == nil:
-		s.slot = 0 // lapsed, or taken: claim again, and wait a lease
-	}
-	// A renewal that failed leaves the lease to run out at until.
-}
-
-// releaseLocked gives slot back in the background; s.mu is held.
-func (s *shares) releaseLocked(slot int32) {
-	go func() {
-		ctx, cancel := dberr.WithTimeout(context.Background(), s.l.timeout)
-		defer cancel()
-		_ = s.l.q.ShareRelease(ctx, s.l.pool, &db.ShareReleaseParams{Name: s.l.name, Slot: slot, Holder: s.holder})
-	}()
-}
-
-// flush stops spending and gives the share back (Limiter.Flush); the
-// keeper ends at its next turn.
-func (s *shares) flush(ctx context.Context) error {
-	s.mu.Lock()
-	slot := s.slot
-	s.slot, s.stopped = 0, true
-	s.mu.Unlock()
-	if slot == 0 {
-		return nil
-	}
-	ctx, cancel := dberr.WithTimeout(ctx, s.l.timeout)
-	defer cancel()
-	return s.l.q.ShareRelease(ctx, s.l.pool, &db.ShareReleaseParams{Name: s.l.name, Slot: slot, Holder: s.holder})
-}
+// flush stops spending and gives the share back (Limiter.Flush).
+func (s *shares) flush(ctx context.Context) error { return s.lease.Flush(ctx) }

@@ -48,6 +48,12 @@ type Config struct {
 	// to Keep after its release, for the scope's next claim on this
 	// replica (see keep.go). Negative is an error.
 	Keep time.Duration
+	// Shares, when positive, keeps that many slots of every scope apart,
+	// one per share, for requests run on a share in memory (see
+	// shares.go); Linger is the slots' longest lease (a request's longest
+	// life and the grace). Claims in one scope only; not with Keep.
+	Shares int
+	Linger time.Duration
 }
 
 // Limiter is the core of one slot limiter. It is safe for concurrent use.
@@ -57,7 +63,9 @@ type Limiter struct {
 	leaser    *permit.Leaser
 	obs       *observe.Limit
 	scope     string
-	keeper    *keeper // nil without Keep
+	keeper    *keeper     // nil without Keep
+	shares    *slotShares // nil without Shares
+	timeout   time.Duration
 }
 
 // New checks the shared options (a nil pool, a negative Timeout), fills
@@ -83,9 +91,11 @@ func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
 	}
-	l := &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0]}
+	l := &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0], timeout: c.Timeout}
 	if c.Keep > 0 {
 		l.keeper = newKeeper(l, pool, c.Kind, c.Keep, c.Timeout)
+	} else if c.Shares > 0 && !c.DryRun {
+		l.shares = newSlotShares(l, pool, c.Kind, c.Shares, c.Linger, c.Timeout)
 	}
 	return l, nil
 }
@@ -104,6 +114,9 @@ func (l *Limiter) Claim(ctx context.Context, key string, c permit.Claim, args ..
 	}
 	if l.keeper != nil && len(c.Scopes) == 1 {
 		return l.claimKept(ctx, key, c, args...)
+	}
+	if l.shares != nil && len(c.Scopes) == 1 {
+		return l.claimShared(ctx, key, c, args...)
 	}
 	start := time.Now()
 	lease, err := l.leaser.Claim(ctx, c)
@@ -132,6 +145,11 @@ func (l *Limiter) notGranted(ctx context.Context, key string, err error, args ..
 // (permit.Leaser.Flush); with Keep, it first gives back every idle kept
 // slot, in one statement.
 func (l *Limiter) Flush(ctx context.Context) error {
+	if l.shares != nil {
+		if err := l.shares.flush(ctx); err != nil {
+			return err
+		}
+	}
 	if l.keeper != nil {
 		if err := l.keeper.flush(ctx); err != nil {
 			return err
@@ -152,8 +170,9 @@ func (l *Limiter) Failed(ctx context.Context, err error) {
 // refusal).
 type Held struct {
 	lease *permit.Lease
-	kept  *kept  // the slot as kept, with Keep
-	gen   uint64 // the request of kept this is
+	kept  *kept      // the slot as kept, with Keep
+	gen   uint64     // the request of kept this is
+	local *localSlot // a request run on a share, with Shares: no row
 }
 
 // Release gives the slots back and waits until the database has them, or
@@ -161,6 +180,10 @@ type Held struct {
 // next claim stays held by this replica and Release returns at once. It
 // is safe on the zero Held and more than once.
 func (h Held) Release(ctx context.Context) error {
+	if h.local != nil {
+		h.local.release()
+		return nil
+	}
 	if _, ok := ctx.Value(answerKey{}).(*answer); ok {
 		// A release on a context that carries an answer (Answer: the gRPC
 		// front's calls, through limit.Permit.Release) is that answer's.
@@ -206,7 +229,7 @@ func NewPermit[P any](held Held, refusal any, err error) (P, error) {
 		panic("slots: package limit is not initialised (a slot limiter must import it)")
 	}
 	var r vocab.Releaser
-	if held.lease != nil {
+	if held.lease != nil || held.local != nil {
 		r = held
 	}
 	return vocab.NewPermit(r, refusal).(P), nil
@@ -255,6 +278,10 @@ func Answer(ctx context.Context) context.Context {
 // failure is logged by the Leaser. With Keep, a slot kept for the scope's
 // next claim costs no statement and no wait.
 func (h Held) ReleaseBeforeAnswer(ctx context.Context) {
+	if h.local != nil {
+		h.local.release()
+		return
+	}
 	if h.lease == nil || h.kept != nil && h.kept.k.put(h.kept, h.gen) {
 		return
 	}
@@ -276,4 +303,48 @@ func (h Held) ReleaseBeforeAnswer(ctx context.Context) {
 // least a second.
 func RetryAfter(r *Refused, grace time.Duration) time.Duration {
 	return max(time.Second, r.FirstLapse-grace)
+}
+
+// leaserTimeout is the Timeout of the limiter's statements.
+func (l *Limiter) leaserTimeout() time.Duration { return l.timeout }
+
+// claimShared is Claim with Shares: a request of the scope runs on this
+// replica's share when it may (no statement); otherwise it is claimed in
+// the database against the Cap less the shares still reserved for the
+// scope, and, refused while shares still hold the scope, once more after
+// asking them to give it up.
+func (l *Limiter) claimShared(ctx context.Context, key string, c permit.Claim, args ...any) (Held, *Refused, bool, error) {
+	s := l.shares
+	scope := c.Scopes[0]
+	now := time.Now()
+	if h, ok := s.take(scope.Key, now); ok {
+		l.obs.GrantedFromMemory(ctx, l.scope)
+		return h, nil, false, nil
+	}
+	for try := 0; ; try++ {
+		reserved := s.reserved(scope.Key, time.Now())
+		claim := c
+		claim.Scopes = []permit.Scope{scope}
+		claim.Scopes[0].Cap = scope.Cap - reserved
+		var lease *permit.Lease
+		err := error(&Refused{Scope: scope, FirstLapse: time.Second})
+		if claim.Scopes[0].Cap >= 1 {
+			start := time.Now()
+			lease, err = l.leaser.Claim(ctx, claim)
+			l.obs.Took(ctx, observe.Claim, start)
+		}
+		var refused *Refused
+		if errors.As(err, &refused) && reserved > 0 && try == 0 {
+			s.revoke(ctx, scope.Key)
+			continue
+		}
+		if err != nil {
+			if errors.As(err, &refused) {
+				refused.Scope.Cap = scope.Cap
+			}
+			return l.notGranted(ctx, key, err, args...)
+		}
+		l.obs.Granted(ctx, l.scope)
+		return Held{lease: lease}, nil, false, nil
+	}
 }

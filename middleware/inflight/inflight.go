@@ -181,7 +181,23 @@ type Options struct {
 	// Default 0: every request claims and releases its slot. Negative is
 	// an error.
 	Keep time.Duration
+	// Shares is how many replicas may each run one request of every token
+	// in memory, on a share, with no statement (see Shares): that many
+	// slots of every token's Limit are kept apart, one per share, and the
+	// database decides the rest, until a token needs more (a claim refused
+	// while shares hold the token asks them on the bus to give it up, and
+	// waits for it). A token with at most one request in flight on a
+	// replica at a time — one every few seconds, spread by a balancer —
+	// costs no statement to claim or release. Exact across replicas; a
+	// replica takes a share only while its invalidation bus listens
+	// (pglimit.Run), and a new holder runs nothing on its share for
+	// MaxDuration + 35 s. Every replica must have the same Shares. -1
+	// turns it off; with Keep there are none. Default 4, at most Limit − 1.
+	Shares int
 }
+
+// defaultShares is Options.Shares' default.
+const defaultShares = 4
 
 // scopeToken is the kind of scope of every decision (attribute scope).
 const scopeToken = "token"
@@ -226,9 +242,17 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 		vocab.CheckDuration("inflight", "MaxDuration", opts.MaxDuration)); err != nil {
 		return nil, err
 	}
+	switch {
+	case opts.Shares < -1 || opts.Shares > 64:
+		return nil, fmt.Errorf("inflight: Options.Shares %d: want -1 (off) to 64", opts.Shares)
+	case opts.Shares == 0:
+		opts.Shares = defaultShares
+	}
+	opts.Shares = min(opts.Shares, opts.Limit-1)
 	core, err := slots.New(pool, slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,
 		Scopes: []string{scopeToken}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
-		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun, Keep: opts.Keep})
+		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun, Keep: opts.Keep,
+		Shares: opts.Shares, Linger: opts.MaxDuration + grace})
 	if err != nil {
 		return nil, err
 	}

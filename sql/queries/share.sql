@@ -38,3 +38,11 @@ DELETE FROM pglimit.share WHERE name = @name::text AND slot = @slot::int AND hol
 SELECT slot, holder, expires_at FROM pglimit.share
 WHERE name = @name::text AND expires_at > now()
 ORDER BY slot;
+
+-- name: ShareHolders :many
+-- The holders of @name's shares whose lease runs, or ran out less than
+-- @linger_ms ago (a holder's last requests may still run that long), for
+-- the claims of a slot limiter with shares (internal/slots): each counts
+-- one slot of every scope reserved until it gives the scope up.
+SELECT DISTINCT holder FROM pglimit.share
+WHERE name = @name::text AND expires_at > now() - interval '1 millisecond' * @linger_ms::bigint;
