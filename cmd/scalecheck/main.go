@@ -144,6 +144,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 	fs.BoolVar(&cfg.Citus, "citus", false, "measure the operations again on a throwaway Citus cluster (a coordinator and two workers; Citus installed, ../shared/citus/build)")
 	fs.StringVar(&cfg.Out, "out", "", "file of the report (default standard output)")
 	fs.StringVar(&cfg.SVG, "svg", "", "file of the churn's chart, SVG (default none)")
+	mix := mixConfig{Replicas: 4, Users: 8000, Warmup: 3 * time.Minute, Duration: 2 * time.Minute, MaxRequest: 2 * time.Minute, Kill: true, Pushers: true}
+	var mixName string
+	fs.StringVar(&mixName, "mix", "", "instead of the operations, run a client mix and print what the limits cost per request: cold (the reference service's limits at its default flags, through the library, for users who each send a request every 10 s to the next replica in turn; see mix.go)")
+	fs.IntVar(&mix.Users, "users", mix.Users, "-mix: users, each a request every 10 s (8,000 make 800 requests a second)")
+	fs.Float64Var(&mix.Steady, "steady", mix.Steady, "-mix: the share of the requests from steady clients (sticky, a request every 20 ms), 0 to 1")
+	fs.DurationVar(&mix.Warmup, "warmup", mix.Warmup, "-mix: load before the measure (the in-flight shares spend MaxDuration + 35 s after their claim)")
+	fs.DurationVar(&mix.Duration, "mix-duration", mix.Duration, "-mix: the measured load")
+	fs.DurationVar(&mix.MaxRequest, "max-request", mix.MaxRequest, "-mix: the in-flight cap's MaxDuration (cmd/studio's -max-request-time)")
+	fs.BoolVar(&mix.JSON, "json", false, "-mix: print the result as one JSON object")
+	fs.BoolVar(&mix.Pushers, "pushers", mix.Pushers, "-mix: run the clients that push each limit (a user at 150 % of the rate over every replica, one at 90 % on one; a token at 150 % of the in-flight cap, one at 90 %)")
+	fs.BoolVar(&mix.Kill, "mix-kill", mix.Kill, "-mix: kill a replica a third into the measure and start another half way")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0, err
@@ -162,6 +173,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if mixName != "" {
+		if mixName != "cold" {
+			return 2, fmt.Errorf("-mix %q: the mix is cold", mixName)
+		}
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "replicas" {
+				mix.Replicas = cfg.Replicas
+			}
+		})
+		if mix.Users < 1 || mix.Steady < 0 || mix.Steady > 1 || mix.Duration < 3*time.Second || mix.Warmup < 0 {
+			return 2, errors.New("-mix: -users at least 1, -steady 0 to 1, -mix-duration at least 3s, -warmup not negative")
+		}
+		return runMix(ctx, mix, stdout, stderr)
+	}
 	rep, err := Measure(ctx, cfg, stderr)
 	if err != nil {
 		return 2, err
