@@ -94,6 +94,31 @@
 // replicas for 40 rounds, 0 refusals); in any case, Keep + the sweep
 // period + one statement after the idle slot's request ended.
 //
+// # Shares
+//
+// By default (Options.Shares, 4, at most Limit − 1; none with Keep) that
+// many slots of every token's Limit are kept apart, one per share, and a
+// replica that holds one of the shares' leases (pglimit.share, while its
+// invalidation bus listens) runs one request of every token on it, in
+// memory: no claim, no release, no statement. The database decides the
+// rest: a claim there may take Limit less the shares still reserved for
+// the token. A token that needs more — a request while its replica's
+// share is busy with another of its requests — is claimed in the
+// database; refused there while shares still hold the token, the claim
+// asks them on the bus to give the token up (each stops running it on its
+// share, at once or when its request there ends, says so, and never takes
+// it back while it lives), and is judged again. So a token with at most
+// one request in flight on each replica (a user who sends a request every
+// few seconds, spread by a balancer) costs nothing, and one that needs its
+// whole Limit on one replica gets it after a bus round trip
+// (TestSharedSlotsHoldTheCap: 2,544 of 2,883 cold requests run on a share;
+// a token at 7 of 8 on one replica never refused; a token at 150 % never
+// more than 8 at once, by the handler's own count). A new holder runs
+// nothing on its share for MaxDuration + 35 s after its claim (by then
+// every slot claimed without counting it has lapsed); a holder whose
+// lease ran out counts as reserved for MaxDuration + 30 s more (its last
+// requests may run that long). Every replica must have the same Shares.
+//
 // A Limiter is safe for concurrent use.
 package inflight
 
