@@ -47,8 +47,14 @@ type Config struct {
 	Timeout time.Duration
 	// Live, when set, tells whether the holder may hold a share now (its
 	// invalidation bus listens): while it does not, the keeper claims
-	// none and gives back the one it holds, and Spendable is false.
+	// none and stops renewing the one it holds, and Spendable is false.
 	Live func() bool
+	// Lingers: what the holder spent may outlive a decision (a request
+	// running on a share), so a share it stops holding — idle, or its bus
+	// silent — is left to run out in the database (and be counted as long
+	// as the limiter counts a lapsed share) rather than given back; Flush
+	// still gives it back.
+	Lingers bool
 }
 
 // Lease is one limiter's hold on a share. It is safe for concurrent use.
@@ -123,7 +129,7 @@ func (l *Lease) keep() {
 		if l.stopped || time.Since(l.used) > 2*lease {
 			slot := l.slot
 			l.slot, l.running = 0, false
-			if slot != 0 && !l.stopped {
+			if slot != 0 && !l.stopped && !l.c.Lingers {
 				go l.release(slot)
 			}
 			l.mu.Unlock()
@@ -133,7 +139,9 @@ func (l *Lease) keep() {
 		live := l.c.Live == nil || l.c.Live()
 		if !live && slot != 0 {
 			l.slot = 0
-			go l.release(slot)
+			if !l.c.Lingers {
+				go l.release(slot)
+			}
 		}
 		l.mu.Unlock()
 		switch {

@@ -92,7 +92,8 @@ func newSlotShares(l *Limiter, pool *pgxpool.Pool, kind permit.Kind, slots int, 
 	s := &slotShares{l: l, pool: pool, q: db.New(), name: name, slots: slots, linger: linger,
 		// A holder holds a share only while its bus listens: it must hear
 		// the claimers that ask it to give a scope up.
-		lease: share.New(pool, share.Config{Name: name, Slots: slots, Timeout: timeout, Wait: linger + cacheAge, Live: b.Live}),
+		lease: share.New(pool, share.Config{Name: name, Slots: slots, Timeout: timeout, Wait: linger + cacheAge, Live: b.Live,
+			Lingers: true}),
 		topic: "shares/" + name, running: map[string]bool{}, revoked: map[string]bool{},
 		gave: map[string]map[uuid.UUID]bool{}, waiters: map[string][]chan struct{}{}}
 	s.sub = b.Subscribe(s.topic, s.heard, nil)
