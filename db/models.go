@@ -123,6 +123,13 @@ type PglimitRequestInFlight struct {
 	ExpiresAt time.Time
 }
 
+type PglimitShare struct {
+	Name      string
+	Slot      int32
+	Holder    uuid.UUID
+	ExpiresAt time.Time
+}
+
 type PglimitSlot struct {
 	Kind      string
 	Scope     string
