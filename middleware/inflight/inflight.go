@@ -221,6 +221,12 @@ type Options struct {
 	Shares int
 }
 
+// refusalRetry is the most a refusal's RetryAfter says: requests in
+// flight end at any moment, and a token's next request then fits; the
+// lapse of its first slot (MaxDuration + 30 s away) says only when one
+// surely will.
+const refusalRetry = 2 * time.Second
+
 // defaultShares is Options.Shares' default.
 const defaultShares = 4
 
@@ -330,7 +336,11 @@ func (l *Limiter) acquire(ctx context.Context, key, endpoint string) (slots.Held
 		Holder: key, Endpoint: endpoint, Lease: l.maxDur + l.grace,
 	}, "cap", l.limit, "endpoint", endpoint)
 	return slots.Outcome(held, refused, letThrough, err, func(r *slots.Refused) *limit.Refusal {
-		return &limit.Refusal{Kind: kindInflight, Name: l.core.Name, Scope: scopeToken, Limit: l.limit, RetryAfter: slots.RetryAfter(r, l.grace)}
+		// A request of the token may end at any moment (its slot is
+		// released before its answer): trying again in a moment can
+		// succeed. The lapse of its first slot bounds the wait.
+		retry := min(slots.RetryAfter(r, l.grace), refusalRetry)
+		return &limit.Refusal{Kind: kindInflight, Name: l.core.Name, Scope: scopeToken, Limit: l.limit, RetryAfter: retry}
 	})
 }
 
