@@ -90,6 +90,10 @@ loadcheck: ## load every limit over 3 replicas for 30 s and judge each with an i
 edgecheck: ## rerun the slow-connection attack of issue 42: 20,000 slow connections from one address against a replica while another user reads, judged (EDGE_ARGS=-conns 2000 ...)
 	$(GO) run ./cmd/edgecheck $(EDGE_ARGS)
 
+.PHONY: scalecheck-mix
+scalecheck-mix: ## the reference service's limits at its default flags for a crowd of cold users and the clients that push each limit, 4 replicas, a replica killed and one joining: the limits' server CPU and statements per request, false refusals, bounds (MIX_ARGS=-steady 0.5 -json ...)
+	$(GO) run ./cmd/scalecheck -mix cold $(MIX_ARGS)
+
 .PHONY: scalecheck
 scalecheck: ## what one PostgreSQL core sustains, 10 min of churn of the limit tables, and with SCALE_ARGS=-citus the same operations on a Citus cluster, written to docs/scaling.md and docs/scaling-churn.svg (SCALE_ARGS=-duration 1m ...)
 	$(GO) run ./cmd/scalecheck -out docs/scaling.md -svg docs/scaling-churn.svg $(SCALE_ARGS)

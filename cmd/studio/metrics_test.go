@@ -123,6 +123,10 @@ func refuseEveryLimit(t *testing.T, base, dbURL string, dryRun bool) {
 	// In dry run the request passes the rate to its route: no such node.
 	expect("api carol", call(t, http.MethodGet, base+"/api/nodes/none/queues", "carol-token", nil), refused(http.StatusNotFound))
 
+	// As a replica does, the test's Limiter listens to the bus: the
+	// service's replica holds a share of bob's slots, which it gives up
+	// when a claim finds the rest full and asks for it.
+	pgtest.Listen(t, pool)
 	caps, err := inflight.New(pool, inflight.Options{Key: func(*http.Request) (string, bool) { return "", false }, Limit: 8})
 	if err != nil {
 		t.Fatal(err)

@@ -216,8 +216,10 @@ type Options struct {
 	// costs no statement to claim or release. Exact across replicas; a
 	// replica takes a share only while its invalidation bus listens
 	// (pglimit.Run), and a new holder runs nothing on its share for
-	// MaxDuration + 35 s. Every replica must have the same Shares. -1
-	// turns it off; with Keep there are none. Default 4, at most Limit − 1.
+	// MaxDuration + 35 s. Every replica must have the same Shares and run
+	// the bus: one that cannot hear the holders give a token up decides
+	// only what is left apart from the shares. -1 turns it off; with Keep
+	// there are none. Default 4, at most Limit − 1.
 	Shares int
 }
 
