@@ -17,11 +17,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"golang.org/x/time/rate"
 
 	"github.com/pglimit/pglimit/db"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/replica"
@@ -412,8 +411,8 @@ func TestShare(t *testing.T) {
 // neither is counted as a call.
 func TestWaitEndsWithContext(t *testing.T) {
 	t.Parallel()
-	reader := sdkmetric.NewManualReader()
-	l := newLimiter(t, nodelimit.Options{Rate: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	meter := observetest.New()
+	l := newLimiter(t, nodelimit.Options{Rate: 1, MeterProvider: meter})
 	n := nodeOf(t, l, "n")
 	if err := n.Wait(context.Background()); err != nil {
 		t.Fatal(err)
@@ -451,7 +450,7 @@ func TestWaitEndsWithContext(t *testing.T) {
 		t.Fatalf("error text %q does not name the node", err)
 	}
 
-	if got := collect(t, reader); got != 1 {
+	if got := collect(t, meter); got != 1 {
 		t.Fatalf("counted %v; want only the call that got its turn", got)
 	}
 }
@@ -532,29 +531,20 @@ func TestWaitFollowsARaisedShare(t *testing.T) {
 
 // collect returns pglimit.nodelimit.calls, checking that it carries no
 // attribute.
-func collect(t *testing.T, reader *sdkmetric.ManualReader) int64 {
+func collect(t *testing.T, meter *observetest.Meter) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	var got int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != nodelimit.MetricName {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if !ok || !sum.IsMonotonic {
-				t.Fatalf("%s is %T, want a monotonic int64 sum", m.Name, m.Data)
-			}
-			for _, dp := range sum.DataPoints {
-				if dp.Attributes.Len() != 0 {
-					t.Fatalf("data point attributes %v, want none", dp.Attributes.ToSlice())
-				}
-				got += dp.Value
-			}
+	for _, p := range meter.Points() {
+		if p.Name != nodelimit.MetricName {
+			continue
 		}
+		if !p.Counter {
+			t.Fatalf("%s is a histogram, want an int64 counter", p.Name)
+		}
+		if p.Attributes.Len() != 0 {
+			t.Fatalf("data point attributes %v, want none", p.Attributes.ToSlice())
+		}
+		got += p.Sum
 	}
 	return got
 }
@@ -564,8 +554,8 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 // count).
 func TestMetricCountsEveryTurn(t *testing.T) {
 	t.Parallel()
-	reader := sdkmetric.NewManualReader()
-	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	meter := observetest.New()
+	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, MeterProvider: meter})
 	fn, srv := newFakeNode(t)
 	c := &client{url: srv.URL, node: nodeOf(t, l, "fake")}
 	for range 4 {
@@ -576,13 +566,13 @@ func TestMetricCountsEveryTurn(t *testing.T) {
 	if n := len(fn.Calls()); n != 4 {
 		t.Fatalf("the node received %d calls, want 4", n)
 	}
-	if got := collect(t, reader); got != 4 {
+	if got := collect(t, meter); got != 4 {
 		t.Fatalf("pglimit.nodelimit.calls = %d, want 4", got)
 	}
 	if err := nodeOf(t, l, "other").Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := collect(t, reader); got != 5 {
+	if got := collect(t, meter); got != 5 {
 		t.Fatalf("after a call to another node: %d, want 5", got)
 	}
 }
@@ -704,7 +694,7 @@ func BenchmarkWait(b *testing.B) {
 	ready := &countingReady{inner: reg.ReadyReplicas}
 	noop := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour})
 	sdk := newLimiter(b, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))})
+		MeterProvider: observetest.New()})
 	for ready.reads.Load() < 2 { // the first background read of each
 		time.Sleep(time.Millisecond)
 	}

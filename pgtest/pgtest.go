@@ -4,11 +4,14 @@
 // pglimit's limits run against the database your service runs on.
 //
 // The server comes from, in this order: TEST_DATABASE_URL or DATABASE_URL
-// (a superuser, or a role with LOGIN and CREATEDB); a Docker daemon, when
-// one answers (testcontainers' postgres module); else a throwaway cluster
-// started from the PostgreSQL server binaries installed on the machine
-// (Debian: apt-get install postgresql), one per test binary, removed when
-// the tests end. A template database is migrated once per set of
+// (a superuser, or a role with LOGIN and CREATEDB); else a throwaway
+// cluster started from the PostgreSQL server binaries installed on the
+// machine (Debian: apt-get install postgresql), one per test binary,
+// removed when the tests end. On a machine with Docker and no server
+// binaries, the module github.com/pglimit/pglimit/pgtestdocker starts a
+// container and points the kit at it (its Main in place of this Main), so
+// that testcontainers and Docker's client reach only the modules of those
+// who use them. A template database is migrated once per set of
 // migrations and cloned for each test (CREATE DATABASE … TEMPLATE), so a
 // test's database costs tens of milliseconds; it is dropped when the test
 // passes and kept for inspection when it fails. When no server can be had
@@ -48,9 +51,10 @@ type Migration struct {
 	LockID int64
 }
 
-// Main runs the tests and then stops the throwaway server, if one was
-// started. Call it from TestMain.
-func Main(m *testing.M) { pgtest.MainWithoutTurn(m) }
+// Main runs the tests, then after, in order, and then stops the throwaway
+// server, if one was started; it exits with the tests' code. Call it from
+// TestMain.
+func Main(m *testing.M, after ...func()) { pgtest.MainWithoutTurn(m, after...) }
 
 // URL returns the URL of a fresh database for this test, migrated with
 // pglimit's schema and then migrations, in order. It is dropped when the

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pglimit/pglimit"
+	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
 )
@@ -113,11 +113,11 @@ func TestFailClosed(t *testing.T) {
 	u, px := throughProxy(t)
 	pool := pgtest.Pool(t, u, 2)
 	logs := &logBuffer{}
-	reader := sdkmetric.NewManualReader()
+	meter := observetest.New()
 	h := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 100, Window: time.Second}},
 		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: meter,
 	}).Handler(ok)
 	if a := get(t, h, "t"); a.status != http.StatusOK {
 		t.Fatalf("up: %d", a.status)
@@ -145,7 +145,7 @@ func TestFailClosed(t *testing.T) {
 	want := map[string]int64{
 		"pglimit.decisions/granted": 2, "pglimit.decisions/error": 10, "pglimit.ratelimit.incidents/closed": 1,
 	}
-	if diff := cmp.Diff(want, decisions(t, reader)); diff != "" {
+	if diff := cmp.Diff(want, decisions(t, meter)); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
 }
@@ -175,13 +175,13 @@ func TestFailOpen(t *testing.T) {
 		}
 	}
 	logs := &logBuffer{}
-	reader := sdkmetric.NewManualReader()
+	meter := observetest.New()
 	h := newLimiter(t, pool, options{
 		Policies:      []ratelimit.Policy{{Name: "api", Limit: 1, Window: time.Hour}},
 		FailOpen:      true,
 		Timeout:       time.Second,
 		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: meter,
 	}).Handler(ok)
 	connected()
 	if a := get(t, h, "t"); a.status != http.StatusOK || a.header.Get("RateLimit") == "" {
@@ -208,7 +208,7 @@ func TestFailOpen(t *testing.T) {
 		"pglimit.decisions/granted": 1, "pglimit.decisions/refused": 2, "pglimit.decisions/error": 10,
 		"pglimit.ratelimit.incidents/open": 2,
 	}
-	if diff := cmp.Diff(want, decisions(t, reader)); diff != "" {
+	if diff := cmp.Diff(want, decisions(t, meter)); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
 }

@@ -15,8 +15,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
@@ -342,30 +340,21 @@ func TestCost(t *testing.T) {
 }
 
 // decisions reads pglimit.decisions by outcome.
-func decisions(t testing.TB, reader *sdkmetric.ManualReader) map[string]int64 {
+func decisions(t testing.TB, meter *observetest.Meter) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			sum, isSum := m.Data.(metricdata.Sum[int64])
-			if !isSum {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				key := m.Name
-				if o, found := dp.Attributes.Value("outcome"); found {
-					key += "/" + o.AsString()
-				}
-				if f, found := dp.Attributes.Value("fail"); found {
-					key += "/" + f.AsString()
-				}
-				out[key] += dp.Value
-			}
+	for _, p := range meter.Points() {
+		if !p.Counter {
+			continue
 		}
+		key := p.Name
+		if o, found := p.Attributes.Value("outcome"); found {
+			key += "/" + o.AsString()
+		}
+		if f, found := p.Attributes.Value("fail"); found {
+			key += "/" + f.AsString()
+		}
+		out[key] += p.Sum
 	}
 	return out
 }
@@ -375,11 +364,11 @@ func decisions(t testing.TB, reader *sdkmetric.ManualReader) map[string]int64 {
 func TestDryRun(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 2)
-	reader := sdkmetric.NewManualReader()
+	meter := observetest.New()
 	logs := &logBuffer{}
 	policies := []ratelimit.Policy{{Name: "api", Limit: 2, Window: time.Hour}}
 	l := newLimiter(t, pool, options{Policies: policies, DryRun: true,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: meter,
 		Logger:        slog.New(slog.NewTextHandler(logs, nil))})
 	h := l.Handler(ok)
 	for i := range 5 {
@@ -396,7 +385,7 @@ func TestDryRun(t *testing.T) {
 		t.Fatalf("Acquire in dry run: %+v, %v: want a Permit carrying the refusal", p, err)
 	}
 	want := map[string]int64{"pglimit.decisions/granted": 2, "pglimit.decisions/dry-run-refused": 4}
-	if diff := cmp.Diff(want, decisions(t, reader)); diff != "" {
+	if diff := cmp.Diff(want, decisions(t, meter)); diff != "" {
 		t.Errorf("decisions (-want +got):\n%s", diff)
 	}
 	if logs.Count("dry run: would refuse") != 1 || logs.Count("id-of-t") != 1 {

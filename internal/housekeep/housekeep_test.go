@@ -18,9 +18,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/internal/housekeep"
 )
@@ -162,10 +161,10 @@ func TestDeletesOnlyLapsedRows(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewDB(t, 4)
 	fill(t, pool, 3, 2)
-	reader := sdkmetric.NewManualReader()
+	meter := observetest.New()
 	var logs bytes.Buffer
 	h := newHousekeeper(t, pool, housekeep.Options{
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: meter,
 		Logger:        slog.New(slog.NewJSONHandler(&logs, nil)),
 	})
 	ctx := context.Background()
@@ -184,26 +183,7 @@ func TestDeletesOnlyLapsedRows(t *testing.T) {
 		t.Fatalf("rows left (-want +got):\n%s", diff)
 	}
 
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != housekeep.MetricDeleted {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				t.Fatalf("%s is a %T, want a Sum[int64]", m.Name, m.Data)
-			}
-			for _, dp := range sum.DataPoints {
-				table, _ := dp.Attributes.Value("table")
-				got[table.AsString()] += dp.Value
-			}
-		}
-	}
+	got := meter.Counts(t, housekeep.MetricDeleted, "table")
 	if diff := cmp.Diff(perTable(3), got); diff != "" {
 		t.Errorf("counter %s (-want +got):\n%s", housekeep.MetricDeleted, diff)
 	}

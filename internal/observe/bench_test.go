@@ -30,7 +30,7 @@ func BenchmarkDecision(b *testing.B) {
 		opts observe.Options
 	}{
 		{"noop meter", observe.Options{Name: "api", Scopes: []string{"key"}, MeterProvider: noop.NewMeterProvider()}},
-		{"sdk meter", observe.Options{Name: "api", Scopes: []string{"key"}, MeterProvider: observetest.New()}},
+		{"recording meter", observe.Options{Name: "api", Scopes: []string{"key"}, MeterProvider: observetest.New()}},
 	} {
 		l, err := observe.New(mp.opts)
 		if err != nil {

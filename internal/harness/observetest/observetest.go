@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -14,33 +15,98 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/embedded"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/pglimit/pglimit/internal/observe"
 )
 
-// Meter is a MeterProvider for a limiter's Options and the reader of what
-// it records.
+// Meter is a MeterProvider for a limiter's Options that keeps, in memory,
+// the sums of its integer counters and the counts of its float histograms
+// by attribute set, for a test to read. It is not the OpenTelemetry SDK on
+// purpose: every requirement of the library's go.mod, test-only ones
+// included, lands in an adopter's module graph (issue 44), and pglimit
+// records through Int64Counter and Float64Histogram only; every other
+// instrument a Meter gives records nothing (TestMeterRecords).
 type Meter struct {
-	*sdkmetric.MeterProvider
-	Reader *sdkmetric.ManualReader
+	embedded.MeterProvider
+
+	mu     sync.Mutex
+	points map[pointKey]*point
 }
 
-// New returns a Meter reading on demand.
-func New() *Meter {
-	r := sdkmetric.NewManualReader()
-	return &Meter{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r)), Reader: r}
+type pointKey struct {
+	name  string
+	attrs attribute.Distinct
 }
 
-func (m *Meter) collect(t testing.TB) metricdata.ResourceMetrics {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := m.Reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
+// point is what one instrument recorded under one attribute set.
+type point struct {
+	kind  string // "counter" or "histogram"
+	attrs attribute.Set
+	sum   int64  // a counter's
+	count uint64 // a histogram's observations
+}
+
+// New returns an empty Meter.
+func New() *Meter { return &Meter{points: map[pointKey]*point{}} }
+
+// Meter returns a meter whose counters and histograms record into m.
+func (m *Meter) Meter(string, ...metric.MeterOption) metric.Meter { return recordingMeter{rec: m} }
+
+func (m *Meter) record(kind, name string, attrs attribute.Set, add int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := pointKey{name, attrs.Equivalent()}
+	p := m.points[k]
+	if p == nil {
+		p = &point{kind: kind, attrs: attrs}
+		m.points[k] = p
 	}
-	return rm
+	if kind == "histogram" {
+		p.count++
+		return
+	}
+	p.sum += add
 }
+
+type recordingMeter struct {
+	noop.Meter
+	rec *Meter
+}
+
+func (r recordingMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	return int64Counter{rec: r.rec, name: name}, nil
+}
+
+func (r recordingMeter) Float64Histogram(name string, _ ...metric.Float64HistogramOption) (metric.Float64Histogram, error) {
+	return float64Histogram{rec: r.rec, name: name}, nil
+}
+
+type int64Counter struct {
+	noop.Int64Counter
+	rec  *Meter
+	name string
+}
+
+func (c int64Counter) Add(_ context.Context, incr int64, opts ...metric.AddOption) {
+	c.rec.record("counter", c.name, metric.NewAddConfig(opts).Attributes(), incr)
+}
+
+func (c int64Counter) Enabled(context.Context) bool { return true }
+
+type float64Histogram struct {
+	noop.Float64Histogram
+	rec  *Meter
+	name string
+}
+
+func (h float64Histogram) Record(_ context.Context, _ float64, opts ...metric.RecordOption) {
+	h.rec.record("histogram", h.name, metric.NewRecordConfig(opts).Attributes(), 0)
+}
+
+func (h float64Histogram) Enabled(context.Context) bool { return true }
 
 // Decisions are the counts of pglimit.decisions by "limit outcome scope"
 // (the scope left out where there is none).
@@ -50,21 +116,44 @@ func (m *Meter) Decisions(t testing.TB) map[string]int64 {
 }
 
 // Counts are the sums of the integer counter name by the values of the
-// attributes keys, joined by spaces.
+// attributes keys, joined by spaces (an attribute a point lacks left out).
 func (m *Meter) Counts(t testing.TB, name string, keys ...string) map[string]int64 {
 	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := map[string]int64{}
-	for _, sm := range m.collect(t).ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			sum, ok := mt.Data.(metricdata.Sum[int64])
-			if mt.Name != name || !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				out[join(dp.Attributes, keys...)] += dp.Value
-			}
+	for k, p := range m.points {
+		if k.name == name && p.kind == "counter" {
+			out[join(p.attrs, keys...)] += p.sum
 		}
 	}
+	return out
+}
+
+// Point is what one instrument recorded under one attribute set.
+type Point struct {
+	Name       string
+	Counter    bool          // an Int64Counter's, else a Float64Histogram's
+	Attributes attribute.Set // the set it was recorded under
+	Sum        int64         // a counter's sum
+	Count      uint64        // a histogram's number of observations
+}
+
+// Points is everything m recorded, sorted by name and attribute set.
+func (m *Meter) Points() []Point {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Point, 0, len(m.points))
+	for k, p := range m.points {
+		out = append(out, Point{Name: k.name, Counter: p.kind == "counter", Attributes: p.attrs, Sum: p.sum, Count: p.count})
+	}
+	enc := attribute.DefaultEncoder()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Attributes.Encoded(enc) < out[j].Attributes.Encoded(enc)
+	})
 	return out
 }
 
@@ -72,16 +161,12 @@ func (m *Meter) Counts(t testing.TB, name string, keys ...string) map[string]int
 // by "limit op".
 func (m *Meter) Durations(t testing.TB) map[string]uint64 {
 	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := map[string]uint64{}
-	for _, sm := range m.collect(t).ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			h, ok := mt.Data.(metricdata.Histogram[float64])
-			if mt.Name != observe.MetricDuration || !ok {
-				continue
-			}
-			for _, dp := range h.DataPoints {
-				out[join(dp.Attributes, "limit", "op")] += dp.Count
-			}
+	for k, p := range m.points {
+		if k.name == observe.MetricDuration && p.kind == "histogram" {
+			out[join(p.attrs, "limit", "op")] += p.count
 		}
 	}
 	return out
@@ -91,7 +176,7 @@ func join(set attribute.Set, keys ...string) string {
 	var parts []string
 	for _, k := range keys {
 		if v, ok := set.Value(attribute.Key(k)); ok {
-			parts = append(parts, v.AsString())
+			parts = append(parts, v.Emit())
 		}
 	}
 	return strings.Join(parts, " ")

@@ -4,9 +4,9 @@
 // when the test passes and kept for inspection when it fails.
 //
 // The server comes from, in this order:
-//  1. TEST_DATABASE_URL or DATABASE_URL;
-//  2. testcontainers-go's postgres module, when a Docker daemon answers;
-//  3. a throwaway cluster started from the PostgreSQL binaries installed on
+//  1. TEST_DATABASE_URL or DATABASE_URL (package pgtestdocker, a module of
+//     its own, sets it to a container it starts);
+//  2. a throwaway cluster started from the PostgreSQL binaries installed on
 //     the machine (internal/harness/embedpg), one per test binary.
 //
 // Whose databases they are depends on the role of that URL:
@@ -47,7 +47,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"sort"
@@ -58,7 +57,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/harness/embedpg"
@@ -140,7 +138,7 @@ func MainAlone(m *testing.M, after ...func()) { run(m, turnAlone, after) }
 
 // MainWithoutTurn is Main without a turn: the public test kit's Main, for
 // an adopter's tests, whose connections are theirs to count.
-func MainWithoutTurn(m *testing.M) { run(m, turnNone, nil) }
+func MainWithoutTurn(m *testing.M, after ...func()) { run(m, turnNone, after) }
 
 func run(m *testing.M, turn turnKind, after []func()) {
 	endTurn := takeTurn(turn)
@@ -187,22 +185,10 @@ func findServer() (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if dockerAnswers() {
-		c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
-			tcpostgres.WithDatabase("test"), tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
-			tcpostgres.BasicWaitStrategies())
-		if err == nil {
-			u, err := c.ConnectionString(ctx, "sslmode=disable")
-			if err == nil {
-				stopServer = func() { _ = c.Terminate(context.Background()) }
-				return u, nil
-			}
-		}
-	}
 	c, err := embedpg.Start(ctx, embedpg.Options{})
 	if err != nil {
 		if errors.Is(err, embedpg.ErrNoBinaries) {
-			return "", errors.New("set DATABASE_URL to a PostgreSQL server, start a Docker daemon, or install the PostgreSQL server binaries (Debian: apt-get install postgresql)")
+			return "", errors.New("set TEST_DATABASE_URL or DATABASE_URL to a PostgreSQL server, install the PostgreSQL server binaries (Debian: apt-get install postgresql), or, with Docker, run the tests through github.com/pglimit/pglimit/pgtestdocker")
 		}
 		return "", err
 	}
@@ -293,25 +279,6 @@ func (s *server) withLock(ctx context.Context, name string, f func(*pgxpool.Conn
 		}
 	}()
 	return f(conn)
-}
-
-// dockerAnswers reports whether a Docker daemon socket accepts connections,
-// without waiting on testcontainers' own, slower probing.
-func dockerAnswers() bool {
-	addr := "/var/run/docker.sock"
-	if h := os.Getenv("DOCKER_HOST"); h != "" {
-		u, err := url.Parse(h)
-		if err != nil || u.Scheme != "unix" {
-			return err == nil // a TCP daemon: let testcontainers try
-		}
-		addr = u.Path
-	}
-	conn, err := net.DialTimeout("unix", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	conn.Close()
-	return true
 }
 
 // hash names the template of a list of migrations for a role.
