@@ -176,7 +176,7 @@ func join(set attribute.Set, keys ...string) string {
 	var parts []string
 	for _, k := range keys {
 		if v, ok := set.Value(attribute.Key(k)); ok {
-			parts = append(parts, v.Emit())
+			parts = append(parts, v.String())
 		}
 	}
 	return strings.Join(parts, " ")
