@@ -3,10 +3,10 @@
 # start a throwaway PostgreSQL of their own when DATABASE_URL is not set.
 
 GO        ?= go
-# Three modules, one workspace (go.work): the library (.), the reference
-# service, the checks, the benchmarks and the tools (./cmd), and the gRPC
-# front (./grpc).
-PKGS      ?= ./... ./cmd/... ./grpc/...
+# Five modules, one workspace (go.work): the library (.), the reference
+# service, the checks, the benchmarks and the tools (./cmd), the gRPC front
+# (./grpc), the test kit (./pgtest) and its Docker starter (./pgtestdocker).
+PKGS      ?= ./... ./cmd/... ./grpc/... ./pgtest/... ./pgtestdocker/...
 # Packages whose tests hammer shared state from many goroutines.
 RACE_PKGS ?= ./internal/permit/... ./internal/slots/... ./ban/... ./ratelimit/... ./middleware/... ./housekeeping/... ./internal/housekeep/... ./replica/... ./nodelimit/... ./cursor/... ./grpc/...
 
@@ -72,9 +72,11 @@ verify: ## generated code matches the SQL (sqlc diff), every query prepares on a
 	$(GO) tool sqlc diff
 	$(GO) run ./cmd/sqlcvet
 	$(GO) mod verify
-	GOWORK=off $(GO) mod tidy -diff
-	cd cmd && GOWORK=off $(GO) mod tidy -diff
-	cd grpc && GOWORK=off $(GO) mod tidy -diff
+	GO=$(GO) .ci/tidy -check
+
+.PHONY: tidy
+tidy: ## go mod tidy every module, the others' requirements of the library (and of one another) left at the commits they name, without a replace (.ci/tidy); go.work follows
+	GO=$(GO) .ci/tidy
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck

@@ -12,8 +12,8 @@ require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/google/go-cmp v0.7.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pglimit/pglimit v0.0.0-00010101000000-000000000000
-	github.com/pglimit/pglimit/grpc v0.0.0-00010101000000-000000000000
+	github.com/pglimit/pglimit v0.0.0-20261207205843-47b6ead83940
+	github.com/pglimit/pglimit/grpc v0.0.0-20261207205843-47b6ead83940
 	github.com/pressly/goose/v3 v3.30.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -93,9 +93,3 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	honnef.co/go/tools v0.8.2 // indirect
 )
-
-// The library, from this repository.
-replace github.com/pglimit/pglimit => ../
-
-// The gRPC front, from this repository (cmd/benchreport measures it).
-replace github.com/pglimit/pglimit/grpc => ../grpc

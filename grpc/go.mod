@@ -2,14 +2,11 @@ module github.com/pglimit/pglimit/grpc
 
 go 1.26.0
 
-// The library, from this repository.
-replace github.com/pglimit/pglimit => ../
-
 require (
 	github.com/google/go-cmp v0.7.0
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pglimit/pglimit v0.0.0-00010101000000-000000000000
+	github.com/pglimit/pglimit v0.0.0-20261207205843-47b6ead83940
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
