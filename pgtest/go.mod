@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pglimit/pglimit v0.0.0-20261207205843-47b6ead83940
+	github.com/pglimit/pglimit v0.0.0-20261207210428-e6551dfb7f62
 )
 
 require (

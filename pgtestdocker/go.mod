@@ -3,7 +3,7 @@ module github.com/pglimit/pglimit/pgtestdocker
 go 1.26.0
 
 require (
-	github.com/pglimit/pglimit/pgtest v0.0.0-00010101000000-000000000000
+	github.com/pglimit/pglimit/pgtest v0.0.0-20261207210428-e6551dfb7f62
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.45.0
 )
 
@@ -46,7 +46,7 @@ require (
 	github.com/moby/term v0.5.2 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
-	github.com/pglimit/pglimit v0.0.0-20261207205843-47b6ead83940 // indirect
+	github.com/pglimit/pglimit v0.0.0-20261207210428-e6551dfb7f62 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
 	github.com/pressly/goose/v3 v3.30.0 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
