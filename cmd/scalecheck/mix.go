@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -83,6 +84,13 @@ type mixReport struct {
 	Exceeded              []string `json:"exceeded"`
 	Highest               []string `json:"highest"`
 	Errors                int64    `json:"errors"`
+	// ErrorSamples are the first distinct errors of the run (warm-up
+	// included).
+	ErrorSamples []string `json:"error_samples"`
+	// LostToTheKill are the requests that failed on the replica killed
+	// while they ran: its pool closed under them, as a dead replica's
+	// requests fail; not a decision that failed.
+	LostToTheKill int64 `json:"lost_to_the_kill"`
 }
 
 // mixReplica is one replica of the mix.
@@ -146,12 +154,28 @@ func (r *mixReplica) kill() {
 
 // mixLedger is what the clients saw.
 type mixLedger struct {
-	requests, errors, judged, falseRefusals atomic.Int64
+	requests, errors, judged, falseRefusals, lost atomic.Int64
 
 	mu       sync.Mutex
 	rate150  []admission // the 150 % user's answers
 	flight   map[string]*concurrency
 	refusals map[string]int64 // a judged client's refusals, by client
+	samples  []string         // the first distinct errors
+}
+
+// fail counts err, an error of a decision on r: lost to the kill when r
+// died (its pool closed under the request), else a decision that failed.
+func (l *mixLedger) fail(r *mixReplica, err error) {
+	if r.dead.Load() {
+		l.lost.Add(1)
+		return
+	}
+	l.errors.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.samples) < 5 && !slices.Contains(l.samples, err.Error()) {
+		l.samples = append(l.samples, err.Error())
+	}
 }
 
 type admission struct {
@@ -203,7 +227,7 @@ func (l *mixLedger) request(ctx context.Context, r *mixReplica, user string, hol
 			}
 			return true
 		}
-		l.errors.Add(1)
+		l.fail(r, err)
 		return false
 	}
 	if _, err := r.rate.Acquire(ctx, "user:"+user); err != nil {
@@ -237,18 +261,18 @@ func (l *mixLedger) signIn(ctx context.Context, r *mixReplica, user, address str
 	l.requests.Add(1)
 	pa, err := r.addr.Acquire(ctx, "address:"+address)
 	if err != nil {
-		l.errors.Add(1)
+		l.fail(r, err)
 		return
 	}
 	pp, err := r.pair.Acquire(ctx, "pair:"+user+"|address:"+address)
 	if err != nil {
-		l.errors.Add(1)
+		l.fail(r, err)
 		_ = pa.Release(ctx)
 		return
 	}
 	pu, err := r.usernme.Acquire(ctx, "username:"+user)
 	if err != nil {
-		l.errors.Add(1)
+		l.fail(r, err)
 		_ = pp.Release(ctx)
 		_ = pa.Release(ctx)
 		return
@@ -414,7 +438,7 @@ func runMix(ctx context.Context, c mixConfig, stdout, progress io.Writer) (int, 
 	if err != nil {
 		return 2, err
 	}
-	stmts0, reqs0, judged0, false0, errs0 := statements(), l.requests.Load(), l.judged.Load(), l.falseRefusals.Load(), l.errors.Load()
+	stmts0, reqs0, judged0, false0, errs0, lost0 := statements(), l.requests.Load(), l.judged.Load(), l.falseRefusals.Load(), l.errors.Load(), l.lost.Load()
 	start := time.Now()
 	logf("cold mix: measuring for %v; a replica is killed at a third, another joins at half", c.Duration)
 	time.Sleep(c.Duration / 3)
@@ -437,13 +461,13 @@ func runMix(ctx context.Context, c mixConfig, stdout, progress io.Writer) (int, 
 		return 2, err
 	}
 	elapsed := time.Since(start)
-	stmts1, reqs1, judged1, false1, errs1 := statements(), l.requests.Load(), l.judged.Load(), l.falseRefusals.Load(), l.errors.Load()
+	stmts1, reqs1, judged1, false1, errs1, lost1 := statements(), l.requests.Load(), l.judged.Load(), l.falseRefusals.Load(), l.errors.Load(), l.lost.Load()
 	stopLoad()
 	wg.Wait()
 
 	rep := mixReport{Mix: "cold", Replicas: c.Replicas, Users: c.Users, MeasuredSeconds: elapsed.Seconds(),
 		Requests: reqs1 - reqs0, Judged: judged1 - judged0, FalseRefusals: false1 - false0, Errors: errs1 - errs0,
-		Exceeded: []string{}}
+		LostToTheKill: lost1 - lost0, Exceeded: []string{}}
 	if rep.Requests > 0 {
 		rep.RequestsPerSecond = float64(rep.Requests) / elapsed.Seconds()
 		rep.ServerCPUUsPerRequest = float64(since(before, after).Server.Microseconds()) / float64(rep.Requests)
@@ -479,6 +503,7 @@ func runMix(ctx context.Context, c mixConfig, stdout, progress io.Writer) (int, 
 		refusedClients = append(refusedClients, fmt.Sprintf("%s %d", u, n))
 	}
 	l.mu.Unlock()
+	rep.ErrorSamples = append([]string{}, l.samples...)
 	sort.Strings(refusedClients)
 	if c.JSON {
 		enc := json.NewEncoder(stdout)
@@ -490,7 +515,8 @@ func runMix(ctx context.Context, c mixConfig, stdout, progress io.Writer) (int, 
 		fmt.Fprintf(stdout, "cold mix, %d replicas, %d users, steady %.0f %% of the requests: %d requests in %.0f s (%.0f/s)\n",
 			c.Replicas, c.Users, c.Steady*100, rep.Requests, rep.MeasuredSeconds, rep.RequestsPerSecond)
 		fmt.Fprintf(stdout, "  the limits' server CPU per request: %.1f µs; statements per request: %.4f\n", rep.ServerCPUUsPerRequest, rep.StatementsPerRequest)
-		fmt.Fprintf(stdout, "  false refusals: %d of %d judged requests (%.5f); errors %d\n", rep.FalseRefusals, rep.Judged, rep.FalseRefusalRatio, rep.Errors)
+		fmt.Fprintf(stdout, "  false refusals: %d of %d judged requests (%.5f); errors %d %v; lost to the kill %d\n",
+			rep.FalseRefusals, rep.Judged, rep.FalseRefusalRatio, rep.Errors, rep.ErrorSamples, rep.LostToTheKill)
 		fmt.Fprintf(stdout, "  highest: %s\n", strings.Join(rep.Highest, "; "))
 		fmt.Fprintf(stdout, "  exceeded: %v\n", rep.Exceeded)
 		if len(refusedClients) > 0 {
