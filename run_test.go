@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -41,7 +42,7 @@ func TestRunHeartbeatsAndSweeps(t *testing.T) {
 		done <- pglimit.Run(runCtx, pool, pglimit.RunOptions{Replica: "run-test", Heartbeat: 50 * time.Millisecond,
 			Housekeeping: 50 * time.Millisecond, Logger: quiet})
 	}()
-	waitUntil(t, "the replica registered and the lapsed row swept", func() bool {
+	wait.For(t, 15*time.Second, "the replica registered and the lapsed row swept", func() bool {
 		return count(`SELECT count(*) FROM pglimit.replica WHERE name = 'run-test' AND ready`) == 1 &&
 			count(`SELECT count(*) FROM pglimit.login_attempt`) == 0
 	})
@@ -49,7 +50,7 @@ func TestRunHeartbeatsAndSweeps(t *testing.T) {
 	if err := obs.QueryRow(ctx, `SELECT heartbeat_at FROM pglimit.replica WHERE name = 'run-test'`).Scan(&beat); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "a second heartbeat", func() bool {
+	wait.For(t, 15*time.Second, "a second heartbeat", func() bool {
 		var now time.Time
 		_ = obs.QueryRow(ctx, `SELECT heartbeat_at FROM pglimit.replica WHERE name = 'run-test'`).Scan(&now)
 		return now.After(beat)
@@ -122,7 +123,7 @@ func TestRunReturnsAnEarlyError(t *testing.T) {
 	defer cancel()
 	first := make(chan error, 1)
 	go func() { first <- reg.Run(ctx) }()
-	waitUntil(t, "the registry running", reg.Ready)
+	wait.For(t, 15*time.Second, "the registry running", reg.Ready)
 	errc := make(chan error, 1)
 	go func() { errc <- pglimit.Run(ctx, pool, pglimit.RunOptions{Registry: reg, Logger: quiet}) }()
 	select {
@@ -136,16 +137,5 @@ func TestRunReturnsAnEarlyError(t *testing.T) {
 	cancel()
 	if err := <-first; err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 15s: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/nodelimit"
 	"github.com/pglimit/pglimit/replica"
 )
@@ -324,7 +325,7 @@ func TestShareFollowsReadyReplicas(t *testing.T) {
 	stopRun(reps[2].lim)
 	reps[2].pool.Close() // r2's heartbeats fail from now on; its row lapses
 	start := time.Now()
-	waitFor(t, time.Minute, "r0 and r1 take 3/s each", func() bool {
+	wait.For(t, time.Minute, "r0 and r1 take 3/s each", func() bool {
 		return reps[0].node.Limit() == 3 && reps[1].node.Limit() == 3
 	})
 	t.Logf("share raised %v after r2 stopped heartbeating", time.Since(start).Round(10*time.Millisecond))
@@ -341,18 +342,7 @@ func TestShareFollowsReadyReplicas(t *testing.T) {
 	}
 
 	reps[1].stop() // a clean shutdown: Run deletes its row
-	waitFor(t, time.Minute, "r0 takes the whole rate", func() bool { return reps[0].node.Limit() == 6 })
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, time.Minute, "r0 takes the whole rate", func() bool { return reps[0].node.Limit() == 6 })
 }
 
 // TestRateBelowReplicas: a rate of 2 with 3 ready replicas gives each
@@ -480,7 +470,7 @@ func TestTurnsInOrder(t *testing.T) {
 			mu.Unlock()
 		})
 		// The next calls only once this one is in line (or has gone).
-		waitFor(t, 10*time.Second, fmt.Sprintf("call %d in line", i), func() bool {
+		wait.For(t, 10*time.Second, fmt.Sprintf("call %d in line", i), func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return nodelimit.Waiting(n)+len(order) == i+1
@@ -514,7 +504,7 @@ func TestWaitFollowsARaisedShare(t *testing.T) {
 		}
 		done <- time.Now()
 	}()
-	waitFor(t, 10*time.Second, "the call in line", func() bool { return nodelimit.Waiting(n) == 1 })
+	wait.For(t, 10*time.Second, "the call in line", func() bool { return nodelimit.Waiting(n) == 1 })
 	ready.n.Store(1)
 	raised := time.Now()
 	if err := l.Refresh(context.Background()); err != nil || n.Limit() != 5 {
@@ -584,7 +574,7 @@ func TestNoReadyCountPerCall(t *testing.T) {
 	ready := newFixed(1)
 	l := newLimiter(t, nodelimit.Options{Rate: rate.Inf, Replicas: ready.ReadyReplicas, Refresh: time.Hour})
 	// The background goroutine reads once at start, then every hour.
-	waitFor(t, 2*time.Second, "the first background read", func() bool { return ready.reads.Load() == 1 })
+	wait.For(t, 2*time.Second, "the first background read", func() bool { return ready.reads.Load() == 1 })
 	before := ready.reads.Load()
 	n := nodeOf(t, l, "n")
 	for range 10_000 {
@@ -604,16 +594,16 @@ func TestRefresh(t *testing.T) {
 	ready := newFixed(4)
 	l := newLimiter(t, nodelimit.Options{Rate: 20, NodeRates: map[string]rate.Limit{"slow": 3}, Replicas: ready.ReadyReplicas, Refresh: 20 * time.Millisecond})
 	fast, slow := nodeOf(t, l, "fast"), nodeOf(t, l, "slow")
-	waitFor(t, 2*time.Second, "first refresh", func() bool { return fast.Limit() == 5 })
+	wait.For(t, 2*time.Second, "first refresh", func() bool { return fast.Limit() == 5 })
 	if slow.Limit() != 1 || nodelimit.Rate(slow) != 3 || nodelimit.Rate(fast) != 20 {
 		t.Fatalf("slow node: limit %v rate %v; fast rate %v", slow.Limit(), nodelimit.Rate(slow), nodelimit.Rate(fast))
 	}
 	ready.n.Store(2)
-	waitFor(t, 2*time.Second, "share follows 2 ready", func() bool { return fast.Limit() == 10 && slow.Limit() == 2 })
+	wait.For(t, 2*time.Second, "share follows 2 ready", func() bool { return fast.Limit() == 10 && slow.Limit() == 2 })
 	ready.fail.Store(true)
 	ready.n.Store(1)
 	reads := ready.reads.Load()
-	waitFor(t, 2*time.Second, "failed reads", func() bool { return ready.reads.Load() >= reads+3 })
+	wait.For(t, 2*time.Second, "failed reads", func() bool { return ready.reads.Load() >= reads+3 })
 	if fast.Limit() != 10 || nodelimit.ReadyReplicas(l) != 2 {
 		t.Fatalf("after failed reads: limit %v ready %d; want the last good share (10, 2)", fast.Limit(), nodelimit.ReadyReplicas(l))
 	}
@@ -621,7 +611,7 @@ func TestRefresh(t *testing.T) {
 		t.Fatal("Refresh hid the counter's error")
 	}
 	ready.fail.Store(false)
-	waitFor(t, 2*time.Second, "recovered", func() bool { return fast.Limit() == 20 })
+	wait.For(t, 2*time.Second, "recovered", func() bool { return fast.Limit() == 20 })
 	if late := nodeOf(t, l, "late"); late.Limit() != 20 {
 		t.Fatalf("a node made after the refresh has limit %v, want 20", late.Limit())
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/bus"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/override"
 	"github.com/pglimit/pglimit/quota"
 )
@@ -50,20 +51,6 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *override.Store {
 	return s
 }
 
-// waitFor polls cond every millisecond up to limit and returns how long it
-// took, failing t when it never held.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // inForce is the bound of "within a second": the second the contract
 // gives, and one more for a machine so loaded that a notification or a
 // reload waits for the CPU (the measured times are logged; with the bus
@@ -88,18 +75,18 @@ func TestOverridesAcrossReplicas(t *testing.T) {
 		t.Fatal("the replica that set it does not have it when Set returns")
 	}
 	for i, s := range []*override.Store{b, c} {
-		took := waitFor(t, "the override on another replica", inForce, func() bool { n, ok := s.Limit("quota", "user:bob"); return ok && n == 5000 })
+		took := wait.For(t, inForce, "the override on another replica", func() bool { n, ok := s.Limit("quota", "user:bob"); return ok && n == 5000 })
 		t.Logf("set: in force on replica %d after %s", i+2, took)
 	}
 	if _, err := b.Set(ctx, "quota", "user:bob", 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, "the changed override", inForce, func() bool { n, ok := c.Limit("quota", "user:bob"); return ok && n == 0 })
+	took := wait.For(t, inForce, "the changed override", func() bool { n, ok := c.Limit("quota", "user:bob"); return ok && n == 0 })
 	t.Logf("changed to 0: in force on replica 3 after %s", took)
 	if had, err := c.Remove(ctx, "quota", "user:bob"); err != nil || !had {
 		t.Fatalf("remove: %v %v", had, err)
 	}
-	took = waitFor(t, "the removal", inForce, func() bool { _, ok := a.Limit("quota", "user:bob"); return !ok })
+	took = wait.For(t, inForce, "the removal", func() bool { _, ok := a.Limit("quota", "user:bob"); return !ok })
 	t.Logf("removed: out of force on replica 1 after %s", took)
 	if had, _ := c.Remove(ctx, "quota", "user:bob"); had {
 		t.Fatal("a second removal found one")
@@ -119,12 +106,12 @@ func TestReloadWithoutBus(t *testing.T) {
 	if _, err := a.Set(ctx, "api", "token:t1", 7, 0); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, "the override without a bus", inForce, func() bool { n, ok := b.Limit("api", "token:t1"); return ok && n == 7 })
+	took := wait.For(t, inForce, "the override without a bus", func() bool { n, ok := b.Limit("api", "token:t1"); return ok && n == 7 })
 	t.Logf("without a bus: in force after %s (a reload a second)", took)
 	if _, err := a.Remove(ctx, "api", "token:t1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the removal without a bus", inForce, func() bool { _, ok := b.Limit("api", "token:t1"); return !ok })
+	wait.For(t, inForce, "the removal without a bus", func() bool { _, ok := b.Limit("api", "token:t1"); return !ok })
 }
 
 // TestNewLoadsWhatIsThere: a replica that starts later has every override
@@ -184,9 +171,9 @@ func TestExpiry(t *testing.T) {
 	if got := o.ExpiresAt.Sub(o.UpdatedAt); got < 1499*time.Millisecond || got > 1501*time.Millisecond {
 		t.Fatalf("expires %s after it was set, want 1.5s", got)
 	}
-	waitFor(t, "the trial on another replica", inForce, func() bool { _, ok := b.Limit("quota", "trial:acme"); return ok })
+	wait.For(t, inForce, "the trial on another replica", func() bool { _, ok := b.Limit("quota", "trial:acme"); return ok })
 	for _, s := range []*override.Store{a, b} {
-		waitFor(t, "the trial's end", 10*time.Second, func() bool { _, ok := s.Limit("quota", "trial:acme"); return !ok })
+		wait.For(t, 10*time.Second, "the trial's end", func() bool { _, ok := s.Limit("quota", "trial:acme"); return !ok })
 		if time.Now().Before(o.ExpiresAt.Add(-100 * time.Millisecond)) {
 			t.Fatalf("ended before its time %s", o.ExpiresAt)
 		}

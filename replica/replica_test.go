@@ -3,7 +3,6 @@ package replica_test
 import (
 	"context"
 	"errors"
-	"github.com/pglimit/pglimit"
 	"io"
 	"log/slog"
 	"strings"
@@ -11,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglimit/pglimit"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/replica"
 )
 
@@ -54,7 +56,7 @@ func start(t *testing.T, r *replica.Registry) (stop func() error) {
 func started(t *testing.T, r *replica.Registry) (stop func() error) {
 	t.Helper()
 	stop = start(t, r)
-	eventually(t, 5*time.Second, "Ready after Run started", r.Ready)
+	wait.For(t, 5*time.Second, "Ready after Run started", r.Ready)
 	return stop
 }
 
@@ -96,18 +98,6 @@ func readyCount(t *testing.T, r *replica.Registry) int {
 	return n
 }
 
-// eventually polls cond every 20 ms until it holds or within passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestLifecycle: a replica registers a ready row when Run starts,
 // heartbeats it, marks it not ready when draining, and deletes it when
 // Run's context ends; another replica's count follows every step.
@@ -138,7 +128,7 @@ func TestLifecycle(t *testing.T) {
 	if n := readyCount(t, b); n != 2 {
 		t.Fatalf("ready replicas = %d, want 2", n)
 	}
-	eventually(t, 2*time.Second, "heartbeat_at advances", func() bool {
+	wait.For(t, 2*time.Second, "heartbeat_at advances", func() bool {
 		r, ok := observe(t, obs, "a")
 		return ok && r.heartbeat.After(first.heartbeat) && r.started.Equal(first.started)
 	})
@@ -205,7 +195,7 @@ func TestStaleRowNotCounted(t *testing.T) {
 	}
 	poolB.Close() // b keeps running but its heartbeats fail from now on
 	last, _ := observe(t, obs, "b")
-	eventually(t, 5*time.Second, "b stops being counted", func() bool { return readyCount(t, a) == 1 })
+	wait.For(t, 5*time.Second, "b stops being counted", func() bool { return readyCount(t, a) == 1 })
 	var stale bool
 	if err := obs.QueryRow(ctx, `SELECT now() - heartbeat_at >= $1::interval FROM pglimit.replica WHERE name = 'b'`,
 		(replica.Lapse * interval).String()).Scan(&stale); err != nil {
@@ -217,7 +207,7 @@ func TestStaleRowNotCounted(t *testing.T) {
 	if r, _ := observe(t, obs, "b"); !r.heartbeat.Equal(last.heartbeat) {
 		t.Fatal("b's row was refreshed after its pool closed")
 	}
-	eventually(t, 2*time.Second, "b reports not ready", func() bool { return !b.Ready() && b.LastError() != nil })
+	wait.For(t, 2*time.Second, "b reports not ready", func() bool { return !b.Ready() && b.LastError() != nil })
 }
 
 // TestCountNeverBelowOne: an empty table, or only rows not ready, still
@@ -291,7 +281,7 @@ func TestRowRecreatedAfterTruncate(t *testing.T) {
 		t.Fatalf("after TRUNCATE: ready replicas = %d, want 1", n)
 	}
 	var after row
-	eventually(t, 2*time.Second, "row re-created", func() bool {
+	wait.For(t, 2*time.Second, "row re-created", func() bool {
 		var ok bool
 		after, ok = observe(t, obs, "a")
 		return ok
@@ -321,7 +311,7 @@ func TestSurvivesDatabaseCrash(t *testing.T) {
 	if err := c.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "not Ready while the database is down", func() bool { return !a.Ready() })
+	wait.For(t, 5*time.Second, "not Ready while the database is down", func() bool { return !a.Ready() })
 	if a.LastError() == nil {
 		t.Fatal("no LastError while the database is down")
 	}
@@ -329,7 +319,7 @@ func TestSurvivesDatabaseCrash(t *testing.T) {
 	if err := c.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "Ready again", a.Ready)
+	wait.For(t, 10*time.Second, "Ready again", a.Ready)
 	obs := pgtest.Pool(t, c.URL("postgres"), 1)
 	if r, ok := observe(t, obs, "a"); !ok || !r.ready {
 		t.Fatalf("row after the crash: %+v present %v", r, ok)
@@ -352,7 +342,7 @@ func TestHeartbeatFailureHarmless(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := start(t, a)
-	eventually(t, 5*time.Second, "a heartbeat error", func() bool { return a.LastError() != nil })
+	wait.For(t, 5*time.Second, "a heartbeat error", func() bool { return a.LastError() != nil })
 	time.Sleep(100 * time.Millisecond)
 	if a.Ready() || a.LastError() == nil {
 		t.Fatalf("Ready %v LastError %v; want false and an error", a.Ready(), a.LastError())

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pglimit/pglimit/cursor"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // rawRequest is a request as a hostile client writes it.
@@ -387,7 +388,7 @@ func TestConsoleAbuse(t *testing.T) {
 	// Timeout.
 	untilInstallationFree := func(what string) {
 		t.Helper()
-		waitFor(t, 30*time.Second, what+": the installation's heavy permits released", func() bool {
+		wait.For(t, 30*time.Second, what+": the installation's heavy permits released", func() bool {
 			return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope = 'installation' AND expires_at > now()`) == 0
 		})
 	}
@@ -540,11 +541,11 @@ func TestSlowBodyHoldsNoPermitPastItsBound(t *testing.T) {
 	}()
 	// The trickler holds alice's permit once the observer sees it (on a
 	// loaded machine its claim can take longer than any fixed sleep).
-	waitFor(t, bound+20*time.Second, "the trickler's console permit held", func() bool {
+	wait.For(t, bound+20*time.Second, "the trickler's console permit held", func() bool {
 		return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope <> 'installation' AND expires_at > now()`) > 0
 	})
 	call(t, http.MethodPost, base+"/api/sql", "alice-token", console("SELECT 1")).problemOf(t, http.StatusTooManyRequests, "too-many-heavy-requests")
-	waitFor(t, bound+5*time.Second, "alice's console permit free again", func() bool {
+	wait.For(t, bound+5*time.Second, "alice's console permit free again", func() bool {
 		r, err := sendWithin(5*time.Second, http.MethodPost, base+"/api/sql", "alice-token", console("SELECT 1"))
 		return err == nil && r.Status == http.StatusOK
 	})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/harness/activity"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // statementsLike counts the sessions of the observer's database whose
@@ -70,7 +71,7 @@ func TestConsoleCapsStopTheStatement(t *testing.T) {
 			if took > 15*time.Second {
 				t.Errorf("answered after %v; the time bound is 30s and the cap was reached at once", took)
 			}
-			gone := waitFor(t, 5*time.Second, "the statement gone from pg_stat_activity and the permits released", func() bool {
+			gone := wait.For(t, 5*time.Second, "the statement gone from pg_stat_activity and the permits released", func() bool {
 				return statementsLike(t, obs, tc.marker) == 0 &&
 					count(limits, `SELECT count(*) FROM pglimit.heavy_permit`) == 0
 			})

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // TestConsoleSlowReaderHoldsNoDatabase (issue 27, 1): bob's statement takes
@@ -81,7 +82,7 @@ func TestConsoleSlowReaderHoldsNoDatabase(t *testing.T) {
 	}
 	// The answer has begun and is not read: the console's connection, its
 	// backend and its session lock are gone already.
-	waitFor(t, 10*time.Second, "bob's console backend and advisory lock gone while his answer is unread", func() bool {
+	wait.For(t, 10*time.Second, "bob's console backend and advisory lock gone while his answer is unread", func() bool {
 		return count(obs, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND pid <> pg_backend_pid() AND strpos(query, $1) > 0`, marker) == 0 &&
 			count(obs, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1196 AND objsubid = 2
@@ -101,7 +102,7 @@ func TestConsoleSlowReaderHoldsNoDatabase(t *testing.T) {
 	}
 	// The stalled answer meets its write deadline; the handler returns and
 	// bob's only permit is released.
-	took := waitFor(t, 2*time.Minute, "bob's permit released by the stalled answer's write deadline", func() bool {
+	took := wait.For(t, 2*time.Minute, "bob's permit released by the stalled answer's write deadline", func() bool {
 		r, err := send(ctx, http.MethodPost, base+"/api/sql", "bob-token", console("SELECT 1"))
 		return err == nil && r.Status == http.StatusOK
 	})
@@ -154,7 +155,7 @@ func TestConsoleUsersAreApart(t *testing.T) {
 				alice <- r
 			}()
 			var pid int
-			waitFor(t, 30*time.Second, "alice's statement running", func() bool {
+			wait.For(t, 30*time.Second, "alice's statement running", func() bool {
 				return obs.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()
 					AND strpos(query, $1) > 0`, secret).Scan(&pid) == nil
 			})

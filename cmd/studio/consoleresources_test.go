@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // TestConsoleResources: console statements run with work_mem at
@@ -150,7 +151,7 @@ func TestConsoleResources(t *testing.T) {
 			// its backends gone (and with them anything they had not
 			// reported), and started again, seeded already.
 			p.Stop()
-			waitFor(t, time.Minute, "the first replica's backends gone", func() bool {
+			wait.For(t, time.Minute, "the first replica's backends gone", func() bool {
 				return count(admin, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE 'studio %'`, tc.db) == 0
 			})
 			p = studioOn(t, url, 1, flags...)[0]
@@ -184,7 +185,7 @@ func TestConsoleResources(t *testing.T) {
 			// A backend reports its counts before it leaves
 			// pg_stat_activity: once no console backend of the database
 			// is left, the four statements' files are all counted.
-			waitFor(t, time.Minute, "the four statements' backends gone", func() bool {
+			wait.For(t, time.Minute, "the four statements' backends gone", func() bool {
 				return count(admin, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE '% console'`, tc.db) == 0
 			})
 			files, bytes := temp()

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // TestClientGoneIsNotAServerError: a client that goes away while its
@@ -52,7 +53,7 @@ func TestClientGoneIsNotAServerError(t *testing.T) {
 				_, err := send(reqCtx, tc.method, p.URL+tc.path, tc.token, tc.body)
 				done <- err
 			}()
-			waitFor(t, 10*time.Second, "the request waiting on the lock", func() bool {
+			wait.For(t, 10*time.Second, "the request waiting on the lock", func() bool {
 				// This database's locks only: every test database is a
 				// clone of one template, so its tables have the same OIDs
 				// as every other test's on a shared server.
@@ -64,7 +65,7 @@ func TestClientGoneIsNotAServerError(t *testing.T) {
 				t.Fatal("the request answered although its client went away")
 			}
 			// The service sees the client gone and says so at debug level.
-			waitFor(t, 10*time.Second, "the debug line of the canceled request", func() bool {
+			wait.For(t, 10*time.Second, "the debug line of the canceled request", func() bool {
 				return strings.Count(p.Tail(1<<20), "client went away") > i
 			})
 			if err := tx.Rollback(ctx); err != nil {
@@ -166,7 +167,7 @@ func TestExportFailuresAreAudited(t *testing.T) {
 	// exportAfter is actor's first audit.export event after event id after.
 	exportAfter := func(actor string, after int64) map[string]any {
 		var detail map[string]any
-		waitFor(t, 10*time.Second, "the audit.export event of "+actor, func() bool {
+		wait.For(t, 10*time.Second, "the audit.export event of "+actor, func() bool {
 			err := obs.QueryRow(ctx, `SELECT detail FROM audit_event WHERE action = 'audit.export' AND actor = $1 AND id > $2 ORDER BY id LIMIT 1`, actor, after).Scan(&detail)
 			return err == nil
 		})
@@ -187,7 +188,7 @@ func TestExportFailuresAreAudited(t *testing.T) {
 	go func() { answer <- call(t, http.MethodGet, base+"/api/audit/export", "alice-token", nil) }()
 	// The export's read stops at its bound; then its audit.export event
 	// waits on the same lock, until the test lets it go.
-	waitFor(t, 10*time.Second, "the audit.export event waiting on the lock", func() bool {
+	wait.For(t, 10*time.Second, "the audit.export event waiting on the lock", func() bool {
 		// This database's sessions only: other tests on a shared server
 		// insert audit events too.
 		return count(obs, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // internalText are fragments of internal error text (driver messages,
@@ -37,20 +38,6 @@ func noInternalText(t *testing.T, what string, r *response) {
 			t.Errorf("%s: %d body carries internal text %q: %s", what, r.Status, frag, r.Body)
 		}
 	}
-}
-
-// waitFor polls cond every 100 ms until it holds, failing t after timeout.
-// It returns how long it waited.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // count runs a count(*) query on an observer pool; -1 when the database
@@ -97,7 +84,7 @@ func TestFaultReplicaKilledHoldingPermits(t *testing.T) {
 	}
 	const victimPermits = `SELECT count(*) FROM pglimit.heavy_permit WHERE replica = $1 AND holder = 'alice' AND endpoint = 'sql-console'`
 	const victimInFlight = `SELECT count(*) FROM pglimit.request_in_flight WHERE replica = $1`
-	waitFor(t, 10*time.Second, "alice's two console permits on the victim", func() bool {
+	wait.For(t, 10*time.Second, "alice's two console permits on the victim", func() bool {
 		return count(obs, victimPermits+` AND scope <> 'installation'`, victim.Name) == 2 && count(obs, victimInFlight, victim.Name) == 2
 	})
 	// When the permits lapse, by the database's clock, seen from now.
@@ -129,7 +116,7 @@ func TestFaultReplicaKilledHoldingPermits(t *testing.T) {
 		}
 	}
 	// The registry stops counting the dead replica within its lapse.
-	waitFor(t, 10*time.Second, "the dead replica dropped from the ready count", func() bool {
+	wait.For(t, 10*time.Second, "the dead replica dropped from the ready count", func() bool {
 		r, err := sendWithin(5*time.Second, http.MethodGet, others[0].URL+"/api/limits", "alice-token", nil)
 		return err == nil && r.Status == http.StatusOK && r.json(t)["readyReplicas"] == float64(2)
 	})
@@ -152,7 +139,7 @@ func TestFaultReplicaKilledHoldingPermits(t *testing.T) {
 	// Housekeeping removes the dead replica's rows once they lapse, and
 	// not before (read in the table: the views show live slots only).
 	const victimRows = `SELECT count(*) FROM pglimit.slot WHERE replica = $1`
-	waitFor(t, time.Until(lapse)+10*time.Second, "housekeeping removes the dead replica's rows", func() bool {
+	wait.For(t, time.Until(lapse)+10*time.Second, "housekeeping removes the dead replica's rows", func() bool {
 		return count(obs, victimRows, victim.Name) == 0
 	})
 	removed := time.Since(killed)
@@ -243,7 +230,7 @@ func TestFaultDatabaseCrash(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, 10*time.Second, "rows in every limit table", func() bool {
+	wait.For(t, 10*time.Second, "rows in every limit table", func() bool {
 		for _, n := range rowsOf() {
 			if n < 1 {
 				return false
@@ -344,7 +331,7 @@ func TestFaultDatabaseCrash(t *testing.T) {
 			noInternalText(t, p.Name+" "+what+" while recovering", r)
 			return r.Status == status
 		}
-		waitFor(t, 20*time.Second, p.Name+" serves again", func() bool {
+		wait.For(t, 20*time.Second, p.Name+" serves again", func() bool {
 			r, err := sendWithin(5*time.Second, http.MethodGet, p.URL+"/readyz", "", nil)
 			if !ok("/readyz", r, err, 200) {
 				return false
@@ -377,7 +364,7 @@ func TestFaultDatabaseCrash(t *testing.T) {
 	if len(as[[]any](t, m["throttles"], "throttles")) != 0 || len(as[[]any](t, m["uploadWindows"], "uploadWindows")) != 0 {
 		t.Errorf("operator view after the crash: %s", r.Body)
 	}
-	waitFor(t, 5*time.Second, "both replicas registered again", func() bool {
+	wait.For(t, 5*time.Second, "both replicas registered again", func() bool {
 		r := call(t, http.MethodGet, base(1)+"/api/limits", "alice-token", nil)
 		return r.Status == http.StatusOK && r.json(t)["readyReplicas"] == float64(2)
 	})
@@ -479,7 +466,7 @@ func TestFaultReadReplica(t *testing.T) {
 		}
 		return r.json(t)["readReplicaHealthy"]
 	}
-	waitFor(t, 20*time.Second, "reads served by the replica", func() bool { return all(lagFlags(), true) })
+	wait.For(t, 20*time.Second, "reads served by the replica", func() bool { return all(lagFlags(), true) })
 	if h := replicaHealthy(); h != true {
 		t.Fatalf("/api/limits readReplicaHealthy %v while the replica serves, want true", h)
 	}
@@ -534,7 +521,7 @@ func TestFaultReadReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		stopped := time.Now()
-		fellBack := waitFor(t, 5*time.Second, stop.name+": reads fall back to the primary", func() bool { return all(lagFlags(), false) })
+		fellBack := wait.For(t, 5*time.Second, stop.name+": reads fall back to the primary", func() bool { return all(lagFlags(), false) })
 		close(done)
 		wg.Wait()
 		// And stay there while the replica is down.
@@ -556,7 +543,7 @@ func TestFaultReadReplica(t *testing.T) {
 		if err := replica.Restart(ctx); err != nil {
 			t.Fatal(err)
 		}
-		back := waitFor(t, 15*time.Second, stop.name+": reads return to the replica", func() bool { return all(lagFlags(), true) })
+		back := wait.For(t, 15*time.Second, stop.name+": reads return to the replica", func() bool { return all(lagFlags(), true) })
 		if h := replicaHealthy(); h != true {
 			t.Fatalf("%s: /api/limits readReplicaHealthy %v once the replica serves again, want true", stop.name, h)
 		}
@@ -599,7 +586,7 @@ func TestFaultPoolPressure(t *testing.T) {
 			holders <- held{r, time.Now()}
 		}()
 	}
-	waitFor(t, 10*time.Second, "both installation slots held", func() bool {
+	wait.For(t, 10*time.Second, "both installation slots held", func() bool {
 		return count(obs, `SELECT count(*) FROM pglimit.heavy_permit WHERE scope = 'installation' AND expires_at > now()`) == 2
 	})
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // frozenProbe is one request sent while the database is frozen.
@@ -146,7 +147,7 @@ func TestFrozenDatabase(t *testing.T) {
 		r, took, err := sendProbe(base, p, heavyTime+30*time.Second)
 		runningAnswer <- answerOf{r, took, err}
 	}()
-	waitFor(t, 10*time.Second, "the console statement running", func() bool { return running(t, obs, marker) == 1 })
+	wait.For(t, 10*time.Second, "the console statement running", func() bool { return running(t, obs, marker) == 1 })
 	obs.Close()
 
 	if err := c.Freeze(); err != nil {
@@ -213,7 +214,7 @@ func TestFrozenDatabase(t *testing.T) {
 	c.Thaw()
 	thawed := time.Now()
 	for _, p := range probes {
-		waitFor(t, 30*time.Second, p.name+" serves again after SIGCONT", func() bool {
+		wait.For(t, 30*time.Second, p.name+" serves again after SIGCONT", func() bool {
 			r, _, err := sendProbe(base, p, 20*time.Second)
 			if err != nil {
 				return false

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 )
 
 // TestShutdownLandsEveryRelease stops a replica (SIGTERM) while four
@@ -35,7 +36,7 @@ func TestShutdownLandsEveryRelease(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 20*time.Second, "the queries holding their slots", func() bool { return count(obs, live, p.Name) == 12 })
+	wait.For(t, 20*time.Second, "the queries holding their slots", func() bool { return count(obs, live, p.Name) == 12 })
 	held := count(obs, live, p.Name)
 	p.Stop()
 	wg.Wait()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglimit/pglimit/internal/harness/activity"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/internal/permit"
 )
 
@@ -34,18 +35,6 @@ func hogs(t *testing.T) {
 		stopped.Store(true)
 		wg.Wait()
 	})
-}
-
-// waitUntil polls cond until it holds, failing the test after a minute.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not so after a minute: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // lockScopes has a session of pool lock the rows of the slots of scopes
@@ -163,7 +152,7 @@ func TestReleaseBeforeAnswerWaitsForItsBatch(t *testing.T) {
 	for i := range alone {
 		wg.Add(1)
 		go release(i)
-		waitUntil(t, fmt.Sprintf("%d releases on their own waiting for their rows", i+1), func() bool {
+		wait.For(t, time.Minute, fmt.Sprintf("%d releases on their own waiting for their rows", i+1), func() bool {
 			return running("-- name: SlotReleaseOne :exec") == i+1
 		})
 	}
@@ -172,9 +161,9 @@ func TestReleaseBeforeAnswerWaitsForItsBatch(t *testing.T) {
 		go release(i)
 	}
 	sent := time.Now()
-	waitUntil(t, "the other releases queued behind them", func() bool { return permit.Queued(mine) == callers-alone })
+	wait.For(t, time.Minute, "the other releases queued behind them", func() bool { return permit.Queued(mine) == callers-alone })
 	unlockFirst()
-	waitUntil(t, "the queued releases sent together, waiting for their rows", func() bool {
+	wait.For(t, time.Minute, "the queued releases sent together, waiting for their rows", func() bool {
 		return running("-- name: SlotRelease :execrows") == 1
 	})
 	time.Sleep(time.Until(sent.Add(hold)))

@@ -18,6 +18,7 @@ import (
 	"github.com/pglimit/pglimit/internal/harness/embedpg"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/middleware/readroute"
 )
 
@@ -88,18 +89,6 @@ func run(t *testing.T, r *readroute.Router) {
 	})
 }
 
-// waitFor polls cond every 20 ms for up to 15 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 15s: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestNoReplicaReadsThePrimary(t *testing.T) {
 	t.Parallel()
 	primary, _ := pgtest.NewDB(t, 4)
@@ -149,7 +138,7 @@ func TestReplicaGoesAndReturns(t *testing.T) {
 			run(t, r)
 			h := r.Handler(historyHandler())
 
-			waitFor(t, "a replica that answers is healthy", r.Healthy)
+			wait.For(t, 15*time.Second, "a replica that answers is healthy", r.Healthy)
 			if code, a := get(t, h); code != http.StatusOK || !a.InRecovery || !a.MayLag {
 				t.Fatalf("replica up: %d %+v, want the replica with mayLag", code, a)
 			}
@@ -171,7 +160,7 @@ func TestReplicaGoesAndReturns(t *testing.T) {
 					t.Fatalf("replica down: %d %+v, want the primary without mayLag", code, a)
 				}
 			}
-			waitFor(t, "the checker sees the replica down", func() bool { return !r.Healthy() })
+			wait.For(t, 15*time.Second, "the checker sees the replica down", func() bool { return !r.Healthy() })
 			if code, a := get(t, h); code != http.StatusOK || a.InRecovery || a.MayLag {
 				t.Fatalf("replica known down: %d %+v", code, a)
 			}
@@ -187,7 +176,7 @@ func TestReplicaGoesAndReturns(t *testing.T) {
 			if err := replicaC.Restart(ctx); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "reads return to the replica", func() bool {
+			wait.For(t, 15*time.Second, "reads return to the replica", func() bool {
 				code, a := get(t, h)
 				return code == http.StatusOK && a.InRecovery && a.MayLag
 			})
@@ -222,7 +211,7 @@ func TestReadRacesTheHealthCheck(t *testing.T) {
 	replica := pgtest.Pool(t, replicaC.URL("app"), 4)
 	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour})
 	h := r.Handler(historyHandler())
-	waitFor(t, "a replica that answers is healthy", func() bool { return r.Check(context.Background()) })
+	wait.For(t, 15*time.Second, "a replica that answers is healthy", func() bool { return r.Check(context.Background()) })
 	if code, a := get(t, h); code != http.StatusOK || !a.InRecovery || !a.MayLag {
 		t.Fatalf("replica up: %d %+v", code, a)
 	}
@@ -269,7 +258,7 @@ func TestOnlyConnectionErrorsFallBack(t *testing.T) {
 	replica, _ := pgtest.NewDB(t, 2) // another database stands in for a replica
 	m := observetest.New()
 	r := mustRouter(t, primary, replica, readroute.Options{Interval: time.Hour, MeterProvider: m})
-	waitFor(t, "the replica stand-in is healthy", func() bool { return r.Check(context.Background()) })
+	wait.For(t, 15*time.Second, "the replica stand-in is healthy", func() bool { return r.Check(context.Background()) })
 	calls := 0
 	mayLag, err := r.Read(context.Background(), func(pool *pgxpool.Pool, mayLag bool) error {
 		calls++
@@ -365,7 +354,7 @@ func TestConcurrentReadsWhileReplicaComesAndGoes(t *testing.T) {
 	if err := replicaC.Restart(ctx); err != nil {
 		t.Error(err)
 	}
-	waitFor(t, "replica healthy again", r.Healthy)
+	wait.For(t, 15*time.Second, "replica healthy again", r.Healthy)
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -409,16 +398,16 @@ func TestCheckerLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "a first check", func() bool { return probes.Load() >= 1 })
+	wait.For(t, 15*time.Second, "a first check", func() bool { return probes.Load() >= 1 })
 	if r.Healthy() {
 		t.Fatal("healthy with the replica down")
 	}
 	up.Store(true)
-	waitFor(t, "healthy after the probe answers", r.Healthy)
+	wait.For(t, 15*time.Second, "healthy after the probe answers", r.Healthy)
 	up.Store(false)
-	waitFor(t, "down after the probe fails", func() bool { return !r.Healthy() })
+	wait.For(t, 15*time.Second, "down after the probe fails", func() bool { return !r.Healthy() })
 	up.Store(true)
-	waitFor(t, "healthy again", r.Healthy)
+	wait.For(t, 15*time.Second, "healthy again", r.Healthy)
 	if err := r.Run(ctx); !errors.Is(err, readroute.ErrRunTwice) {
 		t.Errorf("second Run: %v, want ErrRunTwice", err)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
+	"github.com/pglimit/pglimit/internal/harness/wait"
 	"github.com/pglimit/pglimit/limit"
 	"github.com/pglimit/pglimit/middleware/internal/respond"
 	"github.com/pglimit/pglimit/middleware/upload"
@@ -461,11 +462,11 @@ func TestUploadsThatDoNotCount(t *testing.T) {
 			pw.Close()
 		}
 		observer := pgtest.Pool(t, url, 1)
-		waitFor(t, func() bool { return liveSlots(t, observer, "dave") == 1 }, "the upload to claim its slot")
+		wait.For(t, 10*time.Second, "the upload to claim its slot", func() bool { return liveSlots(t, observer, "dave") == 1 })
 		cancel()
 		pw.CloseWithError(errors.New("client gone"))
 		<-done
-		waitFor(t, func() bool { return liveSlots(t, observer, "dave") == 0 }, mode+": the slot to be given back")
+		wait.For(t, 10*time.Second, mode+": the slot to be given back", func() bool { return liveSlots(t, observer, "dave") == 0 })
 	}
 
 	for i := 0; i < 2; i++ {
@@ -482,17 +483,6 @@ func TestUploadsThatDoNotCount(t *testing.T) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestCountsOption replaces the status rule.
 func TestCountsOption(t *testing.T) {
