@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -48,6 +49,11 @@ func defaultConfig() Config {
 		MaxP50Ratio: 3, MaxP99: time.Second, MaxHeld: 65 * time.Second, MaxRSSMB: 200}
 }
 
+// maxOutstanding is how many of the user's requests may wait for their
+// answers at once: half its history cap (-history-cap 4), so that none is
+// refused by the user's own limits however slow the machine.
+const maxOutstanding = 2
+
 // Report is what a run measured.
 type Report struct {
 	Conns, MaxConnsPerPeer int
@@ -57,6 +63,15 @@ type Report struct {
 	BaseP50, BaseP99     time.Duration
 	AttackP50, AttackP99 time.Duration
 	Unanswered           int
+	// Unanswers are the first distinct reasons of the unanswered (a status
+	// and its problem type, or the client's error).
+	Unanswers []string
+	// Skipped are the user's ticks passed over because it already had
+	// maxOutstanding requests waiting: a client that does not pile up
+	// requests beyond its own caps (-history-cap 4 for the user's event
+	// reads), which a slow (loaded) machine would refuse with a 429 of the
+	// user's own limit, not the attack's doing.
+	Skipped int
 	// The attacker's connections.
 	Opened, DialFailed, ClosedAtOnce, Held, HeldToEnd int
 	LongestHeld                                       time.Duration
@@ -77,7 +92,8 @@ func (r *Report) String() string {
 	if r.BaseP50 > 0 {
 		ratio = float64(r.AttackP50) / float64(r.BaseP50)
 	}
-	fmt.Fprintf(&b, "    p50 under attack / unattacked: %.2f×; unanswered: %d\n", ratio, r.Unanswered)
+	fmt.Fprintf(&b, "    p50 under attack / unattacked: %.2f×; unanswered: %d %v; ticks skipped with %d requests waiting: %d\n",
+		ratio, r.Unanswered, r.Unanswers, maxOutstanding, r.Skipped)
 	fmt.Fprintf(&b, "  the attacker: %d opened (%d could not connect), %d closed at once, %d held by the replica (%d still open when the attack ended), the longest held %v\n",
 		r.Opened, r.DialFailed, r.ClosedAtOnce, r.Held, r.HeldToEnd, r.LongestHeld.Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  the replica's resident memory: %.1f MB before, %.1f MB at its peak\n", r.StartRSSMB, r.PeakRSSMB)
@@ -176,6 +192,9 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 		mu         sync.Mutex
 		latencies  = map[string][]time.Duration{}
 		unanswered atomic.Int64
+		skipped    atomic.Int64
+		waiting    atomic.Int64
+		failures   []string
 		phase      atomic.Value
 		userWG     sync.WaitGroup
 	)
@@ -196,19 +215,38 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 			case <-t.C:
 			}
 			ph := phase.Load().(string)
+			if waiting.Load() >= maxOutstanding {
+				skipped.Add(1)
+				continue
+			}
+			waiting.Add(1)
 			userWG.Add(1)
 			go func() {
 				defer userWG.Done()
+				defer waiting.Add(-1)
 				start := time.Now()
 				req, _ := http.NewRequestWithContext(context.WithoutCancel(userCtx), http.MethodGet, target.URL+"/api/events?size=1", nil)
 				req.Header.Set("Authorization", "Bearer bob-token")
 				resp, err := user.Do(req)
-				if err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
+				why := ""
+				if err != nil {
+					why = err.Error()
+				} else {
+					body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						var problem struct{ Type string }
+						_ = json.Unmarshal(body, &problem)
+						why = fmt.Sprintf("%d %s", resp.StatusCode, problem.Type)
+					}
 				}
-				if err != nil || resp.StatusCode != http.StatusOK {
+				if why != "" {
 					unanswered.Add(1)
+					mu.Lock()
+					if len(failures) < 3 && !slices.Contains(failures, why) {
+						failures = append(failures, why)
+					}
+					mu.Unlock()
 					return
 				}
 				mu.Lock()
@@ -238,7 +276,10 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	rep.ClosedAtOnce, rep.Held, rep.HeldToEnd = int(a.closedAtOnce.Load()), int(a.held.Load()), int(a.heldToEnd.Load())
 	rep.LongestHeld = time.Duration(a.longestHeld.Load())
 	rep.PeakRSSMB = float64(peakKB.Load()) / 1024
-	rep.Unanswered = int(unanswered.Load())
+	rep.Unanswered, rep.Skipped = int(unanswered.Load()), int(skipped.Load())
+	mu.Lock()
+	rep.Unanswers = slices.Clone(failures)
+	mu.Unlock()
 	rep.BaseN, rep.BaseP50, rep.BaseP99 = quantiles(latencies["base"])
 	rep.AttackN, rep.AttackP50, rep.AttackP99 = quantiles(latencies["attack"])
 	return rep, nil
