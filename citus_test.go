@@ -404,10 +404,7 @@ func onCitusRates(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *
 func onCitusSlots(ctx context.Context, t *testing.T, pool *pgxpool.Pool, quiet *slog.Logger) {
 	t.Helper()
 	leaser := func(kind permit.Kind) *permit.Leaser {
-		l, err := permit.New(pool, permit.Options{Kind: kind, Logger: quiet, Replica: "citus-test"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := permit.New(pool, permit.Options{Kind: kind, Logger: quiet, Replica: "citus-test"})
 		return l
 	}
 	claim := func(l *permit.Leaser, lease time.Duration, scopes ...permit.Scope) (*permit.Lease, error) {

@@ -62,8 +62,11 @@ import (
 // header that names no client, refused rather than keyed as the proxy)
 // and the sign-in throttle's device cookies (signin.Devices,
 // DeviceOptions, NewDevices); issue 44's one shape is to bring it back to
-// 230.)
-const maxExported = 234
+// 230. 229 since the test kit is a module of its own (pgtest, not counted
+// here: its names are not in an adopter's library). 230 with
+// limit.NewPermit, how the slot limiters make their Permit now that no
+// init-time hook between packages does (issue 44 point 3).)
+const maxExported = 230
 
 // notPublic are the folders whose packages are not the library's API.
 var notPublic = []string{"internal", "cmd", "examples", "db", "tools", "testdata", "docs", "sql/queries"}

@@ -73,15 +73,17 @@ func (r *Refusal) Is(target error) bool { return target == vocab.ErrLimited }
 // the slot is held until Release. In dry run a claim the limit would have
 // refused is granted without a slot, and its Refusal says so.
 type Permit struct {
-	held    vocab.Releaser // nil for a dry-run refusal
+	release func(context.Context) error // nil when it holds nothing
 	refusal *Refusal
 }
 
-func init() {
-	vocab.NewPermit = func(held vocab.Releaser, refusal any) any {
-		r, _ := refusal.(*Refusal)
-		return &Permit{held: held, refusal: r}
-	}
+// NewPermit returns a Permit whose Release calls release, which must be
+// safe to call more than once (nil: the Permit holds nothing, as a
+// dry-run refusal's), and whose Refusal is refusal (nil when the claim
+// fit). pglimit's slot limiters make theirs with it; a test's stand-in
+// for one can too.
+func NewPermit(release func(context.Context) error, refusal *Refusal) *Permit {
+	return &Permit{release: release, refusal: refusal}
 }
 
 // Refusal is, in dry run, the refusal this claim would have had: it holds
@@ -106,8 +108,8 @@ func (p *Permit) Refusal() *Refusal {
 // Limiter's Flush waits for it). It is safe on a nil Permit and to call
 // more than once.
 func (p *Permit) Release(ctx context.Context) error {
-	if p == nil || p.held == nil {
+	if p == nil || p.release == nil {
 		return nil
 	}
-	return p.held.Release(ctx)
+	return p.release(ctx)
 }

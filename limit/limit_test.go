@@ -57,6 +57,29 @@ func TestRefusalMatchesErrLimited(t *testing.T) {
 	}
 }
 
+// TestNewPermit: a Permit's Release calls the release it was made with,
+// on every call, and returns its error; one made without holds nothing and
+// says its dry-run refusal.
+func TestNewPermit(t *testing.T) {
+	t.Parallel()
+	calls, failed := 0, errors.New("release failed")
+	p := limit.NewPermit(func(context.Context) error { calls++; return failed }, nil)
+	if err := p.Release(context.Background()); !errors.Is(err, failed) || calls != 1 {
+		t.Errorf("Release = %v after %d calls, want %v after 1", err, calls, failed)
+	}
+	if err := p.Release(context.Background()); !errors.Is(err, failed) || calls != 2 {
+		t.Errorf("second Release = %v after %d calls, want %v after 2", err, calls, failed)
+	}
+	if p.Refusal() != nil {
+		t.Errorf("Refusal = %v, want nil", p.Refusal())
+	}
+	would := &limit.Refusal{Kind: "heavy", Name: "export", Scope: "user", Limit: 1, RetryAfter: time.Second}
+	dry := limit.NewPermit(nil, would)
+	if err := dry.Release(context.Background()); err != nil || dry.Refusal() != would {
+		t.Errorf("dry-run permit: Release = %v, Refusal = %v", err, dry.Refusal())
+	}
+}
+
 // TestNilPermit: Release and Refusal are safe on a nil Permit and on the
 // zero one (they hold nothing).
 func TestNilPermit(t *testing.T) {

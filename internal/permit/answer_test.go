@@ -95,14 +95,8 @@ func TestReleaseBeforeAnswerWaitsForItsBatch(t *testing.T) {
 	staller := pgtest.Pool(t, url, 2)
 	observer := pgtest.Pool(t, url, 2)
 	ctx := context.Background()
-	mine, err := permit.New(pools[0], permit.Options{Kind: permit.RequestInFlight, Replica: "r0", Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	next, err := permit.New(pools[1], permit.Options{Kind: permit.RequestInFlight, Replica: "r1", Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mine := permit.New(pools[0], permit.Options{Kind: permit.RequestInFlight, Replica: "r0", Timeout: 30 * time.Second})
+	next := permit.New(pools[1], permit.Options{Kind: permit.RequestInFlight, Replica: "r1", Timeout: 30 * time.Second})
 	t.Cleanup(func() {
 		_ = mine.Flush(ctx)
 		_ = next.Flush(ctx)
@@ -113,6 +107,7 @@ func TestReleaseBeforeAnswerWaitsForItsBatch(t *testing.T) {
 	for i := range claims {
 		scopes[i] = fmt.Sprintf("token:caller%d", i)
 		claims[i] = permit.Claim{Scopes: []permit.Scope{{Key: scopes[i], Cap: 1}}, Holder: "caller", Endpoint: "GET /", Lease: time.Hour}
+		var err error
 		if leases[i], err = mine.Claim(ctx, claims[i]); err != nil {
 			t.Fatal(err)
 		}

@@ -28,10 +28,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	leaser, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
-	if err != nil {
-		log.Fatal(err)
-	}
+	leaser := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
 	claim := permit.Claim{
 		Scopes: []permit.Scope{
 			{Key: permit.ScopeKey("reports", "tenant-7"), Cap: 2},

@@ -1,9 +1,5 @@
 package permit
 
-// ErrInvalidClaim is matched by the error of a claim that could never be
-// granted.
-var ErrInvalidClaim = errInvalidClaim
-
 // OnShard makes l claim with the function a Citus cluster runs on a
 // scope's shard (SlotClaimOnShard) on one server, so tests hold it to the
 // same guarantees.

@@ -32,10 +32,7 @@ func TestStalledTurnFailsAsUnavailable(t *testing.T) {
 		ON CONFLICT (bucket) DO UPDATE SET bucket = excluded.bucket WHERE false`); err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(pool, Options{Kind: HeavyPermit, Replica: "r", Timeout: 4 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := New(pool, Options{Kind: HeavyPermit, Replica: "r", Timeout: 4 * time.Second})
 	c := Claim{Scopes: []Scope{{Key: "user:e:ann", Cap: 1}, {Key: "installation", Cap: 4}},
 		Holder: "ann", Endpoint: "e", Lease: time.Minute}
 	l.mu.Lock()

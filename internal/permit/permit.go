@@ -87,7 +87,6 @@ import (
 	"github.com/pglimit/pglimit/db"
 	"github.com/pglimit/pglimit/internal/citus"
 	"github.com/pglimit/pglimit/internal/procname"
-	"github.com/pglimit/pglimit/internal/vocab"
 )
 
 // Kind names the partition of pglimit.slot a Leaser keeps its slots in; the
@@ -103,10 +102,6 @@ const (
 	// UploadWindow is pglimit.upload_window (uploads per rolling window).
 	UploadWindow Kind = "upload_window"
 )
-
-// maxCap is the largest cap a scope may have: pglimit.MaxLimit, the bound
-// of every cap in every package.
-const maxCap = vocab.MaxLimit
 
 // Defaults of Options.
 const (
@@ -125,7 +120,8 @@ type dbtx interface {
 type Scope struct {
 	// Key names the scope, e.g. "user:sql-console:alice" or "installation".
 	Key string
-	// Cap is the number of slots of the scope, 1..maxCap.
+	// Cap is the number of slots of the scope, 1..pglimit.MaxLimit (the
+	// slot limiter's New checked it).
 	Cap int
 	// Kind is the kind of scope a refusal by it is counted in (the
 	// attribute scope of pglimit.decisions: user, installation, token);
@@ -181,11 +177,6 @@ type Options struct {
 // ErrRefused is matched (errors.Is) by every *RefusedError.
 var ErrRefused = errors.New("permit: no free slot")
 
-// errInvalidClaim is returned for a claim that could never be granted: no
-// scope or more than two, an empty or repeated key, a cap outside
-// 1..maxCap or a lease that is not positive.
-var errInvalidClaim = errors.New("permit: invalid claim")
-
 // RefusedError says which scope had no free slot.
 type RefusedError struct {
 	// Scope is the first scope of the claim that was full.
@@ -232,20 +223,20 @@ type Leaser struct {
 // two keep the database busy while the replica reads the previous answer.
 const maxFlushers = 2
 
-// New returns a Leaser over pool.
-func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
-	if pool == nil {
-		return nil, errors.New("permit: nil pool")
-	}
+// New returns a Leaser over pool. Its options come checked from a slot
+// limiter's New (slots.Check): a zero field takes its default.
+func New(pool *pgxpool.Pool, opts Options) *Leaser {
 	if opts.Kind == "" {
 		opts.Kind = HeavyPermit
 	}
 	if opts.Replica == "" {
 		opts.Replica = procname.Default()
 	}
-	if err := errors.Join(vocab.OrDefault("permit", "Timeout", &opts.Timeout, defaultTimeout),
-		vocab.OrDefault("permit", "MaxBatch", &opts.MaxBatch, defaultMaxBatch)); err != nil {
-		return nil, err
+	if opts.Timeout <= 0 {
+		opts.Timeout = defaultTimeout
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = defaultMaxBatch
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -253,7 +244,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Leaser, error) {
 	return &Leaser{pool: pool, kind: opts.Kind, replica: storable(opts.Replica), timeout: opts.Timeout,
 		maxBatch: opts.MaxBatch, q: db.New(), log: opts.Logger, onRel: opts.OnRelease, bound: coarse{d: opts.Timeout, own: true},
 		answer:  coarse{d: answerWait(opts.Timeout)},
-		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}, nil
+		pending: map[*op]struct{}{}, releasing: map[string]int{}, contended: map[string]time.Time{}}
 }
 
 // Lease is a granted claim. Release it when the work it guards ends.
@@ -271,14 +262,13 @@ type Lease struct {
 	release atomic.Pointer[op] // the release, once Release was called
 }
 
-// Claim takes one slot in every scope of c, or none. It returns a
+// Claim takes one slot in every scope of c, or none: c has one or two
+// scopes of different keys, made of checked options (the slot limiter's
+// New checked them; the Leaser does not again). It returns a
 // *RefusedError (errors.Is(err, ErrRefused)) when a scope is full; any other
 // error is the database's, or ctx's. A claim whose caller's ctx ends while
 // its round trip is in flight is given back as soon as it is granted.
 func (l *Leaser) Claim(ctx context.Context, c Claim) (*Lease, error) {
-	if err := validate(c); err != nil {
-		return nil, err
-	}
 	o := &op{claim: &c, id: uuid.New(), done: make(chan struct{})}
 	if err := l.wait(ctx, o); err != nil {
 		return nil, err
@@ -294,21 +284,6 @@ func (l *Leaser) Claim(ctx context.Context, c Claim) (*Lease, error) {
 		keys[i], held[i] = s.Key, o.claim.Scopes[i].Key
 	}
 	return &Lease{ID: o.id, Slots: o.slots, leaser: l, keys: keys, held: held, slotNos: slices.Clone(o.slots)}, nil
-}
-
-func validate(c Claim) error {
-	if len(c.Scopes) == 0 || len(c.Scopes) > 2 || c.Lease <= 0 || c.Lease.Milliseconds() < 1 {
-		return errInvalidClaim
-	}
-	for i, s := range c.Scopes {
-		if s.Key == "" || s.Cap < 1 || s.Cap > maxCap {
-			return errInvalidClaim
-		}
-		if i == 1 && s.Key == c.Scopes[0].Key {
-			return errInvalidClaim
-		}
-	}
-	return nil
 }
 
 // Release gives back every slot of the lease and waits until the

@@ -43,10 +43,7 @@ func leasersVia(t *testing.T, pools []*pgxpool.Pool, table permit.Kind, onShard 
 	t.Helper()
 	out := make([]*permit.Leaser, len(pools))
 	for i, p := range pools {
-		l, err := permit.New(p, permit.Options{Kind: table, Replica: fmt.Sprintf("r%d", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := permit.New(p, permit.Options{Kind: table, Replica: fmt.Sprintf("r%d", i)})
 		if onShard {
 			permit.OnShard(l)
 		}
@@ -209,8 +206,8 @@ func TestVanishedHolderLapses(t *testing.T) {
 	dying := pgtest.Pool(t, url, 1)
 	alive := pgtest.Pool(t, url, 1)
 	ctx := context.Background()
-	dl, _ := permit.New(dying, permit.Options{Replica: "dying"})
-	al, _ := permit.New(alive, permit.Options{Replica: "alive"})
+	dl := permit.New(dying, permit.Options{Replica: "dying"})
+	al := permit.New(alive, permit.Options{Replica: "alive"})
 	scope := []permit.Scope{{Key: "user:export:carol", Cap: 1}}
 	const lease = 1500 * time.Millisecond
 	if _, err := dl.Claim(ctx, permit.Claim{Scopes: scope, Holder: "carol", Endpoint: "export", Lease: lease}); err != nil {
@@ -295,32 +292,6 @@ func TestLoweredCapIsHonoured(t *testing.T) {
 	}
 }
 
-// TestInvalidClaims never reach the database.
-func TestInvalidClaims(t *testing.T) {
-	t.Parallel()
-	pools, _ := replicas(t, 1, 1)
-	l := leasers(t, pools, permit.HeavyPermit)[0]
-	for name, c := range map[string]permit.Claim{
-		"no scopes":      {Lease: time.Second},
-		"empty key":      {Scopes: []permit.Scope{{Key: "", Cap: 1}}, Lease: time.Second},
-		"zero cap":       {Scopes: []permit.Scope{{Key: "a", Cap: 0}}, Lease: time.Second},
-		"negative cap":   {Scopes: []permit.Scope{{Key: "a", Cap: -3}}, Lease: time.Second},
-		"huge cap":       {Scopes: []permit.Scope{{Key: "a", Cap: 1 << 30}}, Lease: time.Second},
-		"zero lease":     {Scopes: []permit.Scope{{Key: "a", Cap: 1}}},
-		"negative lease": {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: -time.Second},
-		"sub-ms lease":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}}, Lease: time.Microsecond},
-		"three scopes":   {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "b", Cap: 1}, {Key: "c", Cap: 1}}, Lease: time.Second},
-		"same key twice": {Scopes: []permit.Scope{{Key: "a", Cap: 1}, {Key: "a", Cap: 1}}, Lease: time.Second},
-		"cap above max":  {Scopes: []permit.Scope{{Key: "a", Cap: pglimit.MaxLimit + 1}}, Lease: time.Second},
-	} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := l.Claim(context.Background(), c); !errors.Is(err, permit.ErrInvalidClaim) {
-				t.Fatalf("Claim(%+v) = %v, want ErrInvalidClaim", c, err)
-			}
-		})
-	}
-}
-
 // TestScopeKeyIsInjective: parts containing the separator never collide.
 func TestScopeKeyIsInjective(t *testing.T) {
 	t.Parallel()
@@ -352,14 +323,8 @@ func TestReleaseOnAFrozenDatabase(t *testing.T) {
 	if err := pglimit.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	l, err := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := permit.New(other, permit.Options{Kind: permit.RequestInFlight})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := permit.New(pool, permit.Options{Kind: permit.RequestInFlight, Timeout: time.Minute})
+	o := permit.New(other, permit.Options{Kind: permit.RequestInFlight})
 	claim := permit.Claim{Scopes: []permit.Scope{{Key: "token:1", Cap: 1}}, Holder: "t", Endpoint: "GET /", Lease: time.Hour}
 	lease, err := l.Claim(ctx, claim)
 	if err != nil {

@@ -93,10 +93,7 @@ func TestLostRaceTakesNothing(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM pglimit.slot WHERE kind = 'heavy_permit'`); err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(pool, Options{Kind: HeavyPermit, Replica: "r"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := New(pool, Options{Kind: HeavyPermit, Replica: "r"})
 	commit = take()
 	refused := make(chan error, 1)
 	go func() {

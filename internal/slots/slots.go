@@ -68,29 +68,33 @@ type Limiter struct {
 	timeout   time.Duration
 }
 
-// New checks the shared options (a nil pool, a negative Timeout), fills
-// their defaults, and makes the limiter's metrics and Leaser.
-func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
+// Check checks the options every slot limiter shares (a nil pool, a
+// negative Timeout or Keep) and fills their defaults: the slot limiter's
+// New calls it, once, and New trusts what it left.
+func Check(pool *pgxpool.Pool, c *Config) error {
 	if pool == nil {
-		return nil, fmt.Errorf("%s: nil pool", c.Pkg)
+		return fmt.Errorf("%s: nil pool", c.Pkg)
 	}
 	if err := errors.Join(vocab.OrDefault(c.Pkg, "Timeout", &c.Timeout, DefaultTimeout),
 		vocab.OrDefault(c.Pkg, "Keep", &c.Keep, 0)); err != nil {
-		return nil, err
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	return nil
+}
+
+// New makes the limiter's metrics and Leaser of c, which Check has
+// checked.
+func New(pool *pgxpool.Pool, c Config) (*Limiter, error) {
 	obs, err := observe.New(observe.Options{Name: c.Name, Scopes: c.Scopes, DryRun: c.DryRun,
 		MeterProvider: c.MeterProvider, Logger: c.Logger, DB: pool, Timeout: c.Timeout})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
 	}
-	leaser, err := permit.New(pool, permit.Options{Kind: c.Kind, Replica: c.Replica, Timeout: c.Timeout,
+	leaser := permit.New(pool, permit.Options{Kind: c.Kind, Replica: c.Replica, Timeout: c.Timeout,
 		Logger: c.Logger, OnRelease: obs.Released})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c.Pkg, err)
-	}
 	l := &Limiter{Pkg: c.Pkg, Name: c.Name, Log: c.Logger, leaser: leaser, obs: obs, scope: c.Scopes[0], timeout: c.Timeout}
 	if c.Keep > 0 {
 		l.keeper = newKeeper(l, pool, c.Kind, c.Keep, c.Timeout)
@@ -215,24 +219,14 @@ func Outcome[R error](held Held, refused *Refused, letThrough bool, err error, r
 	return Held{}, r, nil
 }
 
-// NewPermit is what a slot limiter's Acquire returns of its acquire's
-// (Outcome's) result: err, or the *limit.Permit (P) of held, or, with
-// held zero, of the refusal (a *limit.Refusal) a dry run let through.
-// (limit.Permit's fields are limit's own: package limit makes it, through
-// vocab.NewPermit.)
-func NewPermit[P any](held Held, refusal any, err error) (P, error) {
-	if err != nil {
-		var none P
-		return none, err
+// ReleaseFunc is what a slot limiter's Permit releases (limit.NewPermit's
+// release): h's Release, or nil when h holds nothing (a dry run's
+// refusal let through).
+func (h Held) ReleaseFunc() func(context.Context) error {
+	if h.lease == nil && h.local == nil {
+		return nil
 	}
-	if vocab.NewPermit == nil {
-		panic("slots: package limit is not initialised (a slot limiter must import it)")
-	}
-	var r vocab.Releaser
-	if held.lease != nil || held.local != nil {
-		r = held
-	}
-	return vocab.NewPermit(r, refusal).(P), nil
+	return h.Release
 }
 
 // Grace is added to a request's longest life (heavy: an endpoint's time

@@ -149,16 +149,3 @@ func LogFailure(ctx context.Context, log *slog.Logger, msg string, err error, ar
 		log.ErrorContext(ctx, msg, args...)
 	}
 }
-
-// Releaser gives back what a claim holds: the held slot of a slot
-// limiter's Permit.
-type Releaser interface {
-	Release(ctx context.Context) error
-}
-
-// NewPermit returns the *limit.Permit of held (nil for a dry-run refusal)
-// and refusal (the *limit.Refusal a dry run let through, or nil): package
-// limit sets it when it is initialised, since the Permit's fields are its
-// own. The slot limiters import limit, so it is set before they run;
-// they call it through slots.NewPermit.
-var NewPermit func(held Releaser, refusal any) any

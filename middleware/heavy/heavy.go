@@ -170,9 +170,6 @@ type Limiter struct {
 // New returns the Limiter of one heavy endpoint, keeping its permits in
 // pool's database. It checks opts and starts nothing.
 func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
-	if pool == nil {
-		return nil, errors.New("heavy: nil pool")
-	}
 	if opts.Name == "" {
 		return nil, errors.New("heavy: Options.Name is required")
 	}
@@ -180,6 +177,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 		return nil, errors.New("heavy: Options.Key is required")
 	}
 	pkg := "heavy: " + opts.Name
+	cfg := slots.Config{Pkg: pkg, Name: opts.Name, Kind: permit.HeavyPermit,
+		Scopes: []string{scopeUser, scopeInstallation}, Replica: opts.Replica, Timeout: opts.Timeout,
+		Logger: opts.Logger, MeterProvider: opts.MeterProvider, DryRun: opts.DryRun}
+	if err := slots.Check(pool, &cfg); err != nil {
+		return nil, err
+	}
 	if opts.Limit == 0 {
 		opts.Limit = 1
 	}
@@ -199,9 +202,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	core, err := slots.New(pool, slots.Config{Pkg: pkg, Name: opts.Name, Kind: permit.HeavyPermit,
-		Scopes: []string{scopeUser, scopeInstallation}, Replica: opts.Replica, Timeout: opts.Timeout,
-		Logger: opts.Logger, MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
+	core, err := slots.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +232,11 @@ func (l *Limiter) Flush(ctx context.Context) error { return l.core.Flush(ctx) }
 // Time + 30 s after the claim. Release the permit when the work ends, and bound the
 // work with the endpoint's: NewContext(ctx, l.Bounds()).
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key))
+	held, refusal, err := l.acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return limit.NewPermit(held.ReleaseFunc(), refusal), nil
 }
 
 // acquire claims the permits of key: held, or in dry run the refusal let

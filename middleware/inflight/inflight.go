@@ -282,10 +282,14 @@ func newLimiter(pool *pgxpool.Pool, opts Options, grace time.Duration) (*Limiter
 		opts.Shares = defaultShares
 	}
 	opts.Shares = min(opts.Shares, opts.Limit-1)
-	core, err := slots.New(pool, slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,
+	cfg := slots.Config{Pkg: "inflight", Name: opts.Name, Kind: permit.RequestInFlight,
 		Scopes: []string{scopeToken}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
 		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun, Keep: opts.Keep,
-		Shares: opts.Shares, Linger: opts.MaxDuration + grace})
+		Shares: opts.Shares, Linger: opts.MaxDuration + grace}
+	if err := slots.Check(pool, &cfg); err != nil {
+		return nil, err
+	}
+	core, err := slots.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +331,11 @@ func (l *Limiter) MaxDuration() time.Duration { return l.maxDur }
 // round trip, shared with the claims and releases made meanwhile; a slot
 // never released lapses at MaxDuration + 30 s after the claim.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key, l.core.Name))
+	held, refusal, err := l.acquire(ctx, key, l.core.Name)
+	if err != nil {
+		return nil, err
+	}
+	return limit.NewPermit(held.ReleaseFunc(), refusal), nil
 }
 
 // acquire claims a slot of key for endpoint: held, or in dry run the

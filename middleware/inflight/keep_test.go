@@ -213,9 +213,9 @@ func TestKeptSteadyClient(t *testing.T) {
 }
 
 // TestKeptSlotRenewed: a steady client paced over several renewal
-// periods keeps one slot: its lease is renewed (one statement every few
-// hundred milliseconds here, every 5 s at the default lease), never
-// claimed again, and every request runs on a row with at least the lease
+// periods keeps one slot: its lease is renewed (one statement every
+// margin/2, 375 ms here, every 5 s at the default lease, however many
+// requests), never claimed again, and every request runs on a row with at least the lease
 // a fresh claim gives (MaxDuration + grace) left, read from a separate
 // connection while the handler runs.
 func TestKeptSlotRenewed(t *testing.T) {
@@ -255,8 +255,13 @@ func TestKeptSlotRenewed(t *testing.T) {
 	if st.renewals.Load() < 2 {
 		t.Errorf("%d renewals over 4 s of a lease of %v", st.renewals.Load(), maxDur+grace)
 	}
-	if per := float64(st.n.Load()) / float64(n); per > 0.05 {
-		t.Errorf("%.3f statements per request, want at most 0.05", per)
+	// A statement every margin/2 (375 ms here), whatever the requests: the
+	// bound is the schedule's, not a share of the requests, which a loaded
+	// machine sends fewer of (152 in 4 s beside other tests, 400 alone).
+	elapsed := time.Since(start)
+	half := (maxDur + grace) / 4 / 2
+	if most := 1 + int64(elapsed/half) + 1; st.n.Load() > most {
+		t.Errorf("%d statements in %v, want at most %d: one claim and a renewal every %v", st.n.Load(), elapsed, most, half)
 	}
 	// 20 ms: the clock's rounding and the read's own time.
 	if shortest < maxDur+grace-20*time.Millisecond {

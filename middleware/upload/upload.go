@@ -166,9 +166,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Limiter, error) {
 	if opts.OnError == nil {
 		opts.OnError = WriteError
 	}
-	core, err := slots.New(pool, slots.Config{Pkg: "upload", Name: opts.Name, Kind: permit.UploadWindow,
+	cfg := slots.Config{Pkg: "upload", Name: opts.Name, Kind: permit.UploadWindow,
 		Scopes: []string{scopeUser}, Replica: opts.Replica, Timeout: opts.Timeout, Logger: opts.Logger,
-		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun})
+		MeterProvider: opts.MeterProvider, DryRun: opts.DryRun}
+	if err := slots.Check(pool, &cfg); err != nil {
+		return nil, err
+	}
+	core, err := slots.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +192,11 @@ func scopeOf(key string) string { return permit.ScopeKey("upload", key) }
 // its slot lapses on its own when it leaves the window. Release the
 // permit only if the upload fails and must not count.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*limit.Permit, error) {
-	return slots.NewPermit[*limit.Permit](l.acquire(ctx, key))
+	held, refusal, err := l.acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return limit.NewPermit(held.ReleaseFunc(), refusal), nil
 }
 
 // acquire counts an upload of key: held, or in dry run the refusal let

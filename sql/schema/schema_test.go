@@ -142,10 +142,7 @@ func TestSlotTableKeepsLiveSlots(t *testing.T) {
 	if all != 2 || heavy != 1 || inFlight != 0 || uploads != 1 {
 		t.Fatalf("after the migration: %d slots, %d heavy, %d in flight, %d uploads; want 2, 1, 0, 1", all, heavy, inFlight, uploads)
 	}
-	l, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
 	ann := permit.Claim{Scopes: []permit.Scope{{Key: "user:x:ann", Cap: 1}}, Holder: "ann", Endpoint: "x", Lease: time.Minute}
 	if _, err := l.Claim(ctx, ann); !errors.Is(err, permit.ErrRefused) {
 		t.Fatalf("claim of the slot held before the migration: %v, want refused", err)
@@ -202,10 +199,7 @@ func TestHostTablesOfTheSameNames(t *testing.T) {
 		t.Fatalf("the host's tables changed:\nbefore %s\nafter  %s", before, after)
 	}
 	// pglimit works beside them.
-	l, err := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := permit.New(pool, permit.Options{Kind: permit.HeavyPermit})
 	lease, err := l.Claim(ctx, permit.Claim{Scopes: []permit.Scope{{Key: "user:x:alice", Cap: 1}}, Holder: "alice", Endpoint: "x", Lease: time.Minute})
 	if err != nil {
 		t.Fatalf("claim beside the host's tables: %v", err)
