@@ -1,6 +1,6 @@
 // Package ban refuses, on every replica, a key that a rate limit refused
-// too often: a key refused Rule.After times within Rule.Within is banned
-// for Rule.For (fail2ban's jail, rack-attack's Allow2Ban). It has no HTTP:
+// too often: a key refused Options.After times within Options.Within is
+// banned for Options.For (fail2ban's jail, rack-attack's Allow2Ban). It has no HTTP:
 // middleware/ratelimit consults it (ratelimit.Options.Ban) and maps a ban
 // to 429 banned; any other caller asks Banned and tells Refused.
 //
@@ -38,7 +38,7 @@
 // its own prefix so that none can be another's): a caller that gives a key
 // an attacker chooses lets the attacker ban whom they choose. A crash of
 // the database empties pglimit.ban: every ban ends. Bans of every Bans of a
-// database share one table: one Rule per database.
+// database share one table: one rule (Options) per database.
 //
 // A Bans is safe for concurrent use.
 package ban
@@ -61,7 +61,7 @@ import (
 	"github.com/pglimit/pglimit/internal/keys"
 )
 
-// Bounds of a Rule and of a replica's memory.
+// Bounds of Options and of a replica's memory.
 const (
 	maxAfter    = 1_000_000
 	minDuration = time.Millisecond
@@ -77,9 +77,9 @@ const (
 	timeout = 5 * time.Second
 )
 
-// Rule says when a key is banned: refused After times within Within, it
-// is banned for For.
-type Rule struct {
+// Options say when a key is banned: refused After times within Within,
+// it is banned for For. Every field is required.
+type Options struct {
 	// After is the refusals that ban: 1 to 1,000,000.
 	After int
 	// Within is the window the refusals are counted in, opened by the
@@ -89,14 +89,14 @@ type Rule struct {
 	For time.Duration
 }
 
-func (r Rule) check() error {
+func (o Options) check() error {
 	switch {
-	case r.After < 1 || r.After > maxAfter:
-		return fmt.Errorf("ban: Rule.After %d is not between 1 and %d", r.After, maxAfter)
-	case r.Within < minDuration || r.Within > maxDuration:
-		return fmt.Errorf("ban: Rule.Within %v is not between %v and %v", r.Within, minDuration, maxDuration)
-	case r.For < minDuration || r.For > maxDuration:
-		return fmt.Errorf("ban: Rule.For %v is not between %v and %v", r.For, minDuration, maxDuration)
+	case o.After < 1 || o.After > maxAfter:
+		return fmt.Errorf("ban: Options.After %d is not between 1 and %d", o.After, maxAfter)
+	case o.Within < minDuration || o.Within > maxDuration:
+		return fmt.Errorf("ban: Options.Within %v is not between %v and %v", o.Within, minDuration, maxDuration)
+	case o.For < minDuration || o.For > maxDuration:
+		return fmt.Errorf("ban: Options.For %v is not between %v and %v", o.For, minDuration, maxDuration)
 	}
 	return nil
 }
@@ -117,7 +117,7 @@ type Ban struct {
 type Bans struct {
 	pool *pgxpool.Pool
 	q    *db.Queries
-	rule Rule
+	rule Options
 	bus  *bus.Bus
 	sub  *bus.Subscription
 
@@ -145,17 +145,17 @@ type Bans struct {
 }
 
 // New returns the Bans of pool's database, which must have pglimit's
-// schema (pglimit.Migrate), under rule, checked here. It runs no
+// schema (pglimit.Migrate), under opts, checked here. It runs no
 // statement; pglimit.Run must run for replicas to hear each other's bans
 // within a second.
-func New(pool *pgxpool.Pool, rule Rule) (*Bans, error) {
+func New(pool *pgxpool.Pool, opts Options) (*Bans, error) {
 	if pool == nil {
 		return nil, errors.New("ban: nil pool")
 	}
-	if err := rule.check(); err != nil {
+	if err := opts.check(); err != nil {
 		return nil, err
 	}
-	b := &Bans{pool: pool, q: db.New(), rule: rule, bus: bus.For(pool),
+	b := &Bans{pool: pool, q: db.New(), rule: opts, bus: bus.For(pool),
 		mem: map[string]time.Time{}, pending: map[string]*pending{}}
 	b.sub = b.bus.Subscribe(bus.TopicBan, b.heard, func() { b.loaded.Store(0) })
 	return b, nil

@@ -39,7 +39,7 @@ type replica struct {
 
 // replicas opens n pools on url, each with a tracer, listening on the
 // bus, each with a Bans under rule that has read the live bans.
-func replicas(t *testing.T, url string, n int, rule ban.Rule) []*replica {
+func replicas(t *testing.T, url string, n int, rule ban.Options) []*replica {
 	t.Helper()
 	var out []*replica
 	var pools []*pgxpool.Pool
@@ -117,19 +117,19 @@ func TestNewRefusesBadRules(t *testing.T) {
 	pool, _ := pgtest.NewDB(t, 1)
 	for _, tc := range []struct {
 		name string
-		rule ban.Rule
+		rule ban.Options
 		want string
 	}{
-		{"zero", ban.Rule{}, "Rule.After 0"},
-		{"negative after", ban.Rule{After: -1, Within: time.Minute, For: time.Minute}, "Rule.After -1"},
-		{"after too large", ban.Rule{After: 1_000_001, Within: time.Minute, For: time.Minute}, "Rule.After 1000001"},
-		{"no window", ban.Rule{After: 5, For: time.Minute}, "Rule.Within 0s"},
-		{"negative window", ban.Rule{After: 5, Within: -time.Second, For: time.Minute}, "Rule.Within -1s"},
-		{"window below a millisecond", ban.Rule{After: 5, Within: time.Microsecond, For: time.Minute}, "Rule.Within 1µs"},
-		{"window above a year", ban.Rule{After: 5, Within: 367 * 24 * time.Hour, For: time.Minute}, "Rule.Within 8808h0m0s"},
-		{"no ban", ban.Rule{After: 5, Within: time.Minute}, "Rule.For 0s"},
-		{"negative ban", ban.Rule{After: 5, Within: time.Minute, For: -time.Minute}, "Rule.For -1m0s"},
-		{"ban above a year", ban.Rule{After: 5, Within: time.Minute, For: 367 * 24 * time.Hour}, "Rule.For 8808h0m0s"},
+		{"zero", ban.Options{}, "Options.After 0"},
+		{"negative after", ban.Options{After: -1, Within: time.Minute, For: time.Minute}, "Options.After -1"},
+		{"after too large", ban.Options{After: 1_000_001, Within: time.Minute, For: time.Minute}, "Options.After 1000001"},
+		{"no window", ban.Options{After: 5, For: time.Minute}, "Options.Within 0s"},
+		{"negative window", ban.Options{After: 5, Within: -time.Second, For: time.Minute}, "Options.Within -1s"},
+		{"window below a millisecond", ban.Options{After: 5, Within: time.Microsecond, For: time.Minute}, "Options.Within 1µs"},
+		{"window above a year", ban.Options{After: 5, Within: 367 * 24 * time.Hour, For: time.Minute}, "Options.Within 8808h0m0s"},
+		{"no ban", ban.Options{After: 5, Within: time.Minute}, "Options.For 0s"},
+		{"negative ban", ban.Options{After: 5, Within: time.Minute, For: -time.Minute}, "Options.For -1m0s"},
+		{"ban above a year", ban.Options{After: 5, Within: time.Minute, For: 367 * 24 * time.Hour}, "Options.For 8808h0m0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := ban.New(pool, tc.rule)
@@ -141,10 +141,10 @@ func TestNewRefusesBadRules(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ban.New(nil, ban.Rule{After: 1, Within: time.Second, For: time.Second}); err == nil {
+	if _, err := ban.New(nil, ban.Options{After: 1, Within: time.Second, For: time.Second}); err == nil {
 		t.Error("New(nil pool) did not fail")
 	}
-	if _, err := ban.New(pool, ban.Rule{After: 1, Within: time.Millisecond, For: time.Millisecond}); err != nil {
+	if _, err := ban.New(pool, ban.Options{After: 1, Within: time.Millisecond, For: time.Millisecond}); err != nil {
 		t.Errorf("the smallest rule: %v", err)
 	}
 }
@@ -159,7 +159,7 @@ func TestBanAcrossReplicas(t *testing.T) {
 	const after = 5
 	_, url := pgtest.NewDB(t, 1)
 	obs := pgtest.Pool(t, url, 1)
-	rule := ban.Rule{After: after, Within: time.Minute, For: 3 * time.Second}
+	rule := ban.Options{After: after, Within: time.Minute, For: 3 * time.Second}
 	rs := replicas(t, url, 3, rule)
 	ctx := context.Background()
 	const key = "user:mallory"
@@ -254,7 +254,7 @@ func TestBanAcrossReplicas(t *testing.T) {
 func TestLiftOnEveryReplica(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewDB(t, 1)
-	rs := replicas(t, url, 3, ban.Rule{After: 2, Within: time.Minute, For: time.Hour})
+	rs := replicas(t, url, 3, ban.Options{After: 2, Within: time.Minute, For: time.Hour})
 	ctx := context.Background()
 	const key = "address:192.0.2.7"
 	for range 2 {
@@ -288,7 +288,7 @@ func TestWindowLapses(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewDB(t, 1)
 	within := 1500 * time.Millisecond
-	rs := replicas(t, url, 2, ban.Rule{After: 3, Within: within, For: time.Hour})
+	rs := replicas(t, url, 2, ban.Options{After: 3, Within: within, For: time.Hour})
 	ctx := context.Background()
 	const key = "token:42"
 	refuse := func(r *replica, want bool) {
@@ -326,7 +326,7 @@ func TestReconnectReadsBans(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewDB(t, 1)
 	obs := pgtest.Pool(t, url, 1)
-	rs := replicas(t, url, 1, ban.Rule{After: 1, Within: time.Minute, For: time.Hour})
+	rs := replicas(t, url, 1, ban.Options{After: 1, Within: time.Minute, For: time.Hour})
 	ctx := context.Background()
 	// A ban written without a notification: one the replica missed.
 	if _, err := obs.Exec(ctx, `INSERT INTO pglimit.ban (key, refusals, first_at, last_at, until, banned_at, expires_at)
@@ -369,7 +369,7 @@ func TestReconnectReadsBans(t *testing.T) {
 func TestUserCannotBanAnother(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewDB(t, 1)
-	rs := replicas(t, url, 2, ban.Rule{After: 1, Within: time.Minute, For: time.Hour})
+	rs := replicas(t, url, 2, ban.Options{After: 1, Within: time.Minute, For: time.Hour})
 	ctx := context.Background()
 	attacks := []string{"user:mallory", "user:Alice", "user:alice ", " user:alice", "user:alice\x00", "user:alic",
 		"user:alice" + strings.Repeat("x", 300), "address:user:alice", "token:user:alice"}
@@ -404,7 +404,7 @@ func TestRefusalsCoalesce(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewDB(t, 1)
 	obs := pgtest.Pool(t, url, 1)
-	rs := replicas(t, url, 3, ban.Rule{After: 1000, Within: time.Minute, For: time.Hour})
+	rs := replicas(t, url, 3, ban.Options{After: 1000, Within: time.Minute, For: time.Hour})
 	before := make([]int64, len(rs))
 	for i, r := range rs {
 		before[i] = r.count.n.Load()

@@ -29,7 +29,7 @@ func Example() {
 	// pglimit.Run(ctx, pool, ...) beside the service tells every replica
 	// of a ban and of a lift within a second.
 
-	bans, err := ban.New(pool, ban.Rule{After: 3, Within: time.Minute, For: 15 * time.Minute})
+	bans, err := ban.New(pool, ban.Options{After: 3, Within: time.Minute, For: 15 * time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,7 +10,7 @@
 // Overrides are rows of pglimit.limit_override, a LOGGED table (an
 // operator's configuration survives a crash, unlike the counts of the
 // limit tables). Every Store holds all of them in memory, loaded when it is
-// made. Set and Remove write the row and, in the same transaction, send an
+// made and kept current by its Run. Set and Remove write the row and, in the same transaction, send an
 // invalidation on pglimit's bus (LISTEN/NOTIFY, authenticated: another
 // role of the database cannot forge one): every replica's Store reloads
 // that one key when it hears it, within milliseconds. While the bus is not
@@ -84,8 +84,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store holds every override in memory and keeps it current. It is safe
-// for concurrent use. Close stops it.
+// Store holds every override in memory; Run keeps it current. It is safe
+// for concurrent use.
 type Store struct {
 	pool    *pgxpool.Pool
 	q       *db.Queries
@@ -97,11 +97,9 @@ type Store struct {
 	mu   sync.Mutex // serialises writes of cur
 	skew atomic.Int64
 
-	sub    *bus.Subscription
-	keys   chan string
-	stop   context.CancelFunc
-	done   chan struct{}
-	closed atomic.Bool
+	sub     *bus.Subscription
+	keys    chan string
+	running atomic.Bool
 }
 
 type entry struct {
@@ -117,8 +115,8 @@ type snapshot struct {
 func mapKey(policy, key string) string { return policy + "\x00" + key }
 
 // New loads every override from pool's database (pglimit's schema
-// migrated) and keeps them current until Close. The invalidations arrive
-// on the bus pglimit.Run runs for pool.
+// migrated) and returns them; Run keeps them current. A change made while
+// it loads is not lost: Run hears it.
 func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("override: nil pool")
@@ -136,7 +134,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Store{pool: pool, q: db.New(), poll: o.Poll, timeout: o.Timeout, log: o.Logger,
-		keys: make(chan string, 256), done: make(chan struct{})}
+		keys: make(chan string, 256)}
 	s.cur.Store(&snapshot{m: map[string]entry{}})
 	b := bus.For(pool)
 	// Subscribe before loading: a change made while loading is heard.
@@ -159,31 +157,27 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		s.sub.Close()
 		return nil, err
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	s.stop = stop
-	go s.run(runCtx, b)
 	return s, nil
 }
 
-// Close stops keeping the overrides current; Limit answers from what it
-// last loaded.
-func (s *Store) Close() {
-	if s.closed.Swap(true) {
-		return
+// Run keeps the overrides current until ctx ends, and returns nil then:
+// it reloads a key when the bus says it changed (pglimit.Run runs the bus
+// for pool), and everything once per Options.Poll while the bus is not
+// Live and whenever it turns Live again. Without Run, Limit answers from
+// what New loaded and this replica's own Set and Remove. Run may be called
+// once; a second call returns an error at once.
+func (s *Store) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("override: Run called twice")
 	}
-	s.stop()
-	s.sub.Close()
-	<-s.done
-}
-
-func (s *Store) run(ctx context.Context, b *bus.Bus) {
-	defer close(s.done)
+	defer s.sub.Close()
+	b := bus.For(s.pool)
 	t := time.NewTicker(s.poll)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case k := <-s.keys:
 			policy, key, ok := strings.Cut(k, "/")
 			var err error

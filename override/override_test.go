@@ -47,8 +47,39 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *override.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Close)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-ran; err != nil {
+			t.Errorf("Run = %v, want nil once ctx ends", err)
+		}
+	})
 	return s
+}
+
+// TestRunOnce: of two Runs of one Store, one returns an error at once and
+// the other runs until its ctx ends, then returns nil.
+func TestRunOnce(t *testing.T) {
+	t.Parallel()
+	s, err := override.New(context.Background(), replica(t, pgtest.URL(t), true), override.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	ran := make(chan error, 2)
+	for range 2 {
+		go func() { ran <- s.Run(ctx) }()
+	}
+	if err := <-ran; err == nil {
+		t.Error("the first Run to return returned nil before its ctx ended, want an error")
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Errorf("Run = %v once its ctx ended, want nil", err)
+	}
 }
 
 // inForce is the bound of "within a second": the second the contract
@@ -251,6 +282,5 @@ func newStoreB(b *testing.B) *override.Store {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(s.Close)
 	return s
 }

@@ -583,7 +583,10 @@ func TestOverridesGiveKeysTheirLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(s.Close)
+		runCtx, stop := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- s.Run(runCtx) }()
+		t.Cleanup(func() { stop(); <-ran })
 		stores = append(stores, s)
 		limiters = append(limiters, newLimiter(t, pool, Options{Name: "api-quota", Limit: 2, Period: Day, Overrides: s}))
 	}

@@ -64,7 +64,7 @@ type bannedReplica struct {
 	meter *observetest.Meter
 }
 
-func bannedReplicas(t *testing.T, n int, rule ban.Rule, policy ratelimit.Policy) []*bannedReplica {
+func bannedReplicas(t *testing.T, n int, rule ban.Options, policy ratelimit.Policy) []*bannedReplica {
 	t.Helper()
 	url := pgtest.URL(t)
 	var out []*bannedReplica
@@ -136,7 +136,7 @@ func (r *bannedReplica) get(t *testing.T, user string) (int, string, *httptest.R
 // outcome banned; another user is served all along; Acquire says Banned.
 func TestBannedBeforeAnyStatement(t *testing.T) {
 	t.Parallel()
-	rs := bannedReplicas(t, 2, ban.Rule{After: 3, Within: time.Minute, For: time.Minute},
+	rs := bannedReplicas(t, 2, ban.Options{After: 3, Within: time.Minute, For: time.Minute},
 		ratelimit.Policy{Name: "api", Limit: 2, Window: time.Minute})
 	// mallory spends the burst and is refused three times: banned.
 	var slugs []string

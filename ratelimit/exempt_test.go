@@ -84,7 +84,7 @@ func TestExemptFromBans(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	pgtest.Listen(t, pool)
-	bans, err := ban.New(pool, ban.Rule{After: 2, Within: time.Minute, For: time.Hour})
+	bans, err := ban.New(pool, ban.Options{After: 2, Within: time.Minute, For: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,10 @@ func overriddenReplicas(t *testing.T, n int, policy ratelimit.Policy, borrow boo
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(s.Close)
+		runCtx, stop := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- s.Run(runCtx) }()
+		t.Cleanup(func() { stop(); <-ran })
 		stores = append(stores, s)
 		limiters = append(limiters, newLimiter(t, pool, options{
 			Key:          func(r *http.Request) (string, bool) { u := r.Header.Get("X-User"); return u, u != "" },

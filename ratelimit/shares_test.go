@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
@@ -198,11 +199,12 @@ func sharesHoldTheRate(t *testing.T, shares int) {
 	waitSpending(t, rs, min(shares, len(rs)))
 
 	var (
-		mu      sync.Mutex
-		recs    = map[string][]decision{}
-		failed  atomic.Int64
-		replica atomic.Pointer[[]*shareReplica]
-		wg      sync.WaitGroup
+		mu       sync.Mutex
+		recs     = map[string][]decision{}
+		failed   atomic.Int64
+		timedOut atomic.Int64
+		replica  atomic.Pointer[[]*shareReplica]
+		wg       sync.WaitGroup
 	)
 	replica.Store(&rs)
 	decide := func(r *shareReplica, key string) {
@@ -216,6 +218,15 @@ func sharesHoldTheRate(t *testing.T, shares int) {
 		case errors.As(err, &le):
 		case r.dead.Load():
 			return // its replica was killed under it: a dead replica's decision fails
+		case pglimit.Classify(err) == pglimit.ClassTimeout || pglimit.Classify(err) == pglimit.ClassUnavailable:
+			// Not an answer (a 503): the database did not decide within
+			// the limiter's Timeout (1 s here, half the share's lease)
+			// on a machine this loaded (up to 7 of 3,800 beside a
+			// second make test). Bounded below; never counted as
+			// admitted or refused.
+			timedOut.Add(1)
+			t.Logf("a decision timed out: %v", err)
+			return
 		default:
 			failed.Add(1)
 			t.Logf("a decision failed: %v", err)
@@ -280,6 +291,13 @@ func sharesHoldTheRate(t *testing.T, shares int) {
 
 	if n := failed.Load(); n > 0 {
 		t.Errorf("%d decisions failed", n)
+	}
+	answered := 0
+	for _, ds := range recs {
+		answered += len(ds)
+	}
+	if n := timedOut.Load(); n*100 > int64(answered) {
+		t.Errorf("%d decisions timed out, more than 1 %% of the %d answered", n, answered)
 	}
 	if where := overGrant(policy, recs["hot"]); where != "" {
 		t.Errorf("the hot key: %s", where)

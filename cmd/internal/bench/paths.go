@@ -216,7 +216,7 @@ func NewSuite(ctx context.Context, pool *pgxpool.Pool, rows int, redisAddr strin
 		return nil, err
 	}
 	// Bans: a key refused once (one unit an hour) is banned for the hour.
-	bans, err := ban.New(pool, ban.Rule{After: 1, Within: time.Hour, For: time.Hour})
+	bans, err := ban.New(pool, ban.Options{After: 1, Within: time.Hour, For: time.Hour})
 	if err != nil {
 		return nil, err
 	}

@@ -398,8 +398,8 @@ func (a *App) installationCap() int { return max(1, a.cfg.PoolMaxConns/4) }
 func (a *App) Handler() http.Handler { return a.handler }
 
 // Run does the background work until ctx ends: the registry heartbeat and
-// housekeeping (pglimit.Run), the read replica's health checks and the
-// node rate's refresh. It returns nil then, after every part has ended
+// housekeeping (pglimit.Run), the read replica's health checks, the node
+// rate's refresh, and keeping the access lists and the overrides current. It returns nil then, after every part has ended
 // (the registry removes this replica's row last); a part that fails early
 // ends the others and its error is returned.
 func (a *App) Run(ctx context.Context) error {
@@ -413,6 +413,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.router.Run,
 		a.nodeLimit.Run,
 		a.rules.Run,
+		a.overrides.Run,
 	}
 	errc := make(chan error, len(parts))
 	for _, part := range parts {

@@ -26,7 +26,7 @@ func (a *App) setupBans() error {
 		return nil
 	}
 	var err error
-	a.bans, err = ban.New(a.primary, ban.Rule{After: a.cfg.BanAfter, Within: a.cfg.BanWithin, For: a.cfg.BanFor})
+	a.bans, err = ban.New(a.primary, ban.Options{After: a.cfg.BanAfter, Within: a.cfg.BanWithin, For: a.cfg.BanFor})
 	return err
 }
 

@@ -34,13 +34,12 @@ const overridesListMax = 1000
 
 // setupOverrides loads the overrides (package override) every limit of
 // overridePolicies reads its keys' limits from. It runs before the limits
-// are made.
+// are made; Run keeps them current.
 func (a *App) setupOverrides(ctx context.Context) error {
 	var err error
 	if a.overrides, err = override.New(ctx, a.primary, override.Options{Logger: a.log}); err != nil {
 		return err
 	}
-	a.closers = append(a.closers, a.overrides.Close)
 	return nil
 }
 
