@@ -12,7 +12,7 @@ require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/google/go-cmp v0.7.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pglimit/pglimit v0.0.0-20261207205843-47b6ead83940
+	github.com/pglimit/pglimit v0.0.0-20261207224144-7322a48ce1f4
 	github.com/pglimit/pglimit/grpc v0.0.0-20261207205843-47b6ead83940
 	github.com/pressly/goose/v3 v3.30.0
 	github.com/prometheus/client_golang v1.25.0
