@@ -38,9 +38,16 @@ func TestRunHeartbeatsAndSweeps(t *testing.T) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	// Heartbeats 50 ms apart, each statement bounded by 10 s (the default
+	// bound is the interval, 50 ms, which a loaded machine's shutdown
+	// delete once missed: the row stayed to lapse on its own).
+	reg, err := replica.New(pool, replica.Options{Name: "run-test", Interval: 50 * time.Millisecond,
+		Timeout: 10 * time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
-		done <- pglimit.Run(runCtx, pool, pglimit.RunOptions{Replica: "run-test", Heartbeat: 50 * time.Millisecond,
-			Housekeeping: 50 * time.Millisecond, Logger: quiet})
+		done <- pglimit.Run(runCtx, pool, pglimit.RunOptions{Registry: reg, Housekeeping: 50 * time.Millisecond, Logger: quiet})
 	}()
 	wait.For(t, 15*time.Second, "the replica registered and the lapsed row swept", func() bool {
 		return count(`SELECT count(*) FROM pglimit.replica WHERE name = 'run-test' AND ready`) == 1 &&

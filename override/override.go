@@ -10,10 +10,12 @@
 // Overrides are rows of pglimit.limit_override, a LOGGED table (an
 // operator's configuration survives a crash, unlike the counts of the
 // limit tables). Every Store holds all of them in memory, loaded when it is
-// made and kept current by its Run. Set and Remove write the row and, in the same transaction, send an
-// invalidation on pglimit's bus (LISTEN/NOTIFY, authenticated: another
-// role of the database cannot forge one): every replica's Store reloads
-// that one key when it hears it, within milliseconds. While the bus is not
+// made and kept current while its Run runs (run it beside pglimit.Run,
+// until shutdown: without it a Store never hears another replica's
+// change). Set and Remove write the row and, in the same transaction, send
+// an invalidation on pglimit's bus (LISTEN/NOTIFY, authenticated: another
+// role of the database cannot forge one): every replica's running Store
+// reloads that one key when it hears it, within milliseconds. While the bus is not
 // Live (a proxy that does not pass notifications, a broken listener), and
 // whenever it turns Live again, the Store reloads everything once a second
 // instead: a change is in force everywhere within a second either way
@@ -161,7 +163,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 }
 
 // Run keeps the overrides current until ctx ends, and returns nil then:
-// it reloads a key when the bus says it changed (pglimit.Run runs the bus
+// it reloads everything when it starts, then a key when the bus says it
+// changed (pglimit.Run runs the bus
 // for pool), and everything once per Options.Poll while the bus is not
 // Live and whenever it turns Live again. Without Run, Limit answers from
 // what New loaded and this replica's own Set and Remove. Run may be called
@@ -172,6 +175,12 @@ func (s *Store) Run(ctx context.Context) error {
 	}
 	defer s.sub.Close()
 	b := bus.For(s.pool)
+	// Everything once more: a change heard between New and Run may have
+	// been dropped with its queue full.
+	if err := s.loadAll(ctx, b.Epoch()); err != nil && ctx.Err() == nil {
+		s.log.WarnContext(ctx, "override: reload failed; trying again within a second", "err", err)
+		s.forceReload()
+	}
 	t := time.NewTicker(s.poll)
 	defer t.Stop()
 	for {

@@ -73,12 +73,22 @@ func TestRunOnce(t *testing.T) {
 	for range 2 {
 		go func() { ran <- s.Run(ctx) }()
 	}
-	if err := <-ran; err == nil {
-		t.Error("the first Run to return returned nil before its ctx ended, want an error")
+	select {
+	case err := <-ran:
+		if err == nil {
+			t.Error("the first Run to return returned nil before its ctx ended, want an error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("neither Run returned in 30 s: a second Run runs too")
 	}
 	stop()
-	if err := <-ran; err != nil {
-		t.Errorf("Run = %v once its ctx ended, want nil", err)
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Errorf("Run = %v once its ctx ended, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return in 30 s after its ctx ended")
 	}
 }
 

@@ -142,7 +142,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Overrides, when set, give keys their own Limit (a customer's plan)
 	// under the policy named Name, from memory; a key without one has
-	// Limit. An override of 0 allows the key nothing.
+	// Limit. An override of 0 allows the key nothing. The Store's Run
+	// must run for other replicas' changes to reach it.
 	Overrides *override.Store
 }
 

@@ -225,7 +225,8 @@ type Options struct {
 	// nil: no bans.
 	Ban *ban.Bans
 	// Overrides, when set, give keys their own limit under a policy (a
-	// customer's plan, changed while the service runs: package override):
+	// customer's plan, changed while the service runs: package override;
+	// the Store's Run must run for other replicas' changes to reach it):
 	// a key with an override in force under a policy's Name is judged
 	// with that Limit, and its Burst scaled by the same ratio (rounded up,
 	// at least 1); an override of 0 refuses every request of the key,

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglimit/pglimit"
 	"github.com/pglimit/pglimit/internal/harness/observetest"
 	"github.com/pglimit/pglimit/internal/harness/pgtest"
 	"github.com/pglimit/pglimit/ratelimit"
@@ -173,7 +172,10 @@ func waitSpending(t *testing.T, rs []*shareReplica, need int) {
 // counts most of the cold keys' decisions are made in memory, from a
 // share (source memory), once the shares are held: with 8 shares at least
 // 70 % (the joined replica spends nothing for a lease and a share's
-// refill, 4 s of its 5).
+// refill, 4 s of its 5). A decision the database did not answer within
+// the limiter's Timeout (1 s, half the test's share lease) is no answer
+// (a 503, neither admitted nor refused): at most 1 % of those answered,
+// on a machine loaded enough to make some; any other error fails.
 func TestSharesHoldTheRate(t *testing.T) {
 	t.Parallel()
 	for _, shares := range []int{8, 1} {
@@ -218,12 +220,13 @@ func sharesHoldTheRate(t *testing.T, shares int) {
 		case errors.As(err, &le):
 		case r.dead.Load():
 			return // its replica was killed under it: a dead replica's decision fails
-		case pglimit.Classify(err) == pglimit.ClassTimeout || pglimit.Classify(err) == pglimit.ClassUnavailable:
+		case errors.Is(err, context.DeadlineExceeded):
 			// Not an answer (a 503): the database did not decide within
 			// the limiter's Timeout (1 s here, half the share's lease)
 			// on a machine this loaded (up to 7 of 3,800 beside a
 			// second make test). Bounded below; never counted as
-			// admitted or refused.
+			// admitted or refused. A deadlock, a serialization failure
+			// or a failed connect is not this: it fails the test.
 			timedOut.Add(1)
 			t.Logf("a decision timed out: %v", err)
 			return

@@ -149,7 +149,11 @@ func (r *Registry) Run(ctx context.Context) error {
 	r.mu.Unlock()
 
 	tick.Every(ctx, r.interval, func(ctx context.Context) {
-		_ = r.heartbeat(ctx) // recorded and logged; the next tick tries again
+		// Not canceled with ctx (still bounded by the timeout): a
+		// heartbeat in flight when ctx ends finishes before stop's delete
+		// is sent, so it cannot reach the server after it and bring the
+		// row back. Recorded and logged; the next tick tries again.
+		_ = r.heartbeat(context.WithoutCancel(ctx))
 	})
 	r.stop(context.WithoutCancel(ctx))
 	return nil

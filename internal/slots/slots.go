@@ -69,7 +69,8 @@ type Limiter struct {
 }
 
 // Check checks the options every slot limiter shares (a nil pool, a
-// negative Timeout or Keep) and fills their defaults: the slot limiter's
+// negative Timeout or Keep, or one above vocab.MaxDuration) and fills
+// their defaults: the slot limiter's
 // New calls it, once, and New trusts what it left.
 func Check(pool *pgxpool.Pool, c *Config) error {
 	if pool == nil {
@@ -78,6 +79,9 @@ func Check(pool *pgxpool.Pool, c *Config) error {
 	if err := errors.Join(vocab.OrDefault(c.Pkg, "Timeout", &c.Timeout, DefaultTimeout),
 		vocab.OrDefault(c.Pkg, "Keep", &c.Keep, 0)); err != nil {
 		return err
+	}
+	if c.Timeout > vocab.MaxDuration || c.Keep > vocab.MaxDuration {
+		return fmt.Errorf("%s: Timeout %v or Keep %v above 366 days", c.Pkg, c.Timeout, c.Keep)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -32,11 +32,20 @@ func CheckCap(pkg, field string, n int) error {
 	return nil
 }
 
-// CheckDuration reports a duration below a millisecond, naming the
-// package and the Options field.
+// MaxDuration is the longest duration a limiter's option takes (a time
+// bound, a window, a keep, a timeout): 366 days. A longer one would add up
+// past what a time.Duration holds once a slot's grace is added to it, and
+// wrap to a lease that has lapsed before it is taken.
+const MaxDuration = 366 * 24 * time.Hour
+
+// CheckDuration reports a duration below a millisecond or above
+// MaxDuration, naming the package and the Options field.
 func CheckDuration(pkg, field string, d time.Duration) error {
-	if d < time.Millisecond {
+	switch {
+	case d < time.Millisecond:
 		return fmt.Errorf("%s: %s %v below a millisecond", pkg, field, d)
+	case d > MaxDuration:
+		return fmt.Errorf("%s: %s %v above 366 days", pkg, field, d)
 	}
 	return nil
 }

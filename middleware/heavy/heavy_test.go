@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -482,8 +483,14 @@ func TestBadOptions(t *testing.T) {
 		{"installation limit above MaxLimit", good(func(o *heavy.Options) { o.InstallationLimit = pglimit.MaxLimit + 1 }), "InstallationLimit"},
 		{"negative time", good(func(o *heavy.Options) { o.Time = -time.Second }), "Time"},
 		{"time below a millisecond", good(func(o *heavy.Options) { o.Time = time.Microsecond }), "Time"},
+		// A "no bound" of math.MaxInt64 would wrap the slot's lease
+		// (Time + grace) to one lapsed before it is taken: every claim
+		// would pass.
+		{"time without bound", good(func(o *heavy.Options) { o.Time = math.MaxInt64 }), "Time"},
+		{"time above 366 days", good(func(o *heavy.Options) { o.Time = 367 * 24 * time.Hour }), "Time"},
 		{"negative rows", good(func(o *heavy.Options) { o.Rows = -1 }), "Rows"},
 		{"negative timeout", good(func(o *heavy.Options) { o.Timeout = -time.Second }), "Timeout"},
+		{"timeout without bound", good(func(o *heavy.Options) { o.Timeout = math.MaxInt64 }), "Timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := heavy.New(pool, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {

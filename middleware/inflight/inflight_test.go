@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -439,6 +440,8 @@ func TestBadOptions(t *testing.T) {
 		{"limit above MaxLimit", inflight.Options{Key: tokenID, Limit: pglimit.MaxLimit + 1}, "Limit"},
 		{"negative duration", inflight.Options{Key: tokenID, MaxDuration: -time.Second}, "MaxDuration"},
 		{"tiny duration", inflight.Options{Key: tokenID, MaxDuration: time.Microsecond}, "MaxDuration"},
+		{"duration without bound", inflight.Options{Key: tokenID, MaxDuration: math.MaxInt64}, "MaxDuration"},
+		{"keep without bound", inflight.Options{Key: tokenID, Keep: math.MaxInt64}, "Keep"},
 		{"negative timeout", inflight.Options{Key: tokenID, Timeout: -time.Second}, "Timeout"},
 		{"negative keep", inflight.Options{Key: tokenID, Keep: -time.Second}, "Keep"},
 	} {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -1082,6 +1083,7 @@ func TestBadOptions(t *testing.T) {
 		{"limit above MaxLimit", signin.Options{Limit: pglimit.MaxLimit + 1}, "Limit"},
 		{"negative window", signin.Options{Window: -time.Second}, "Window"},
 		{"tiny window", signin.Options{Window: time.Microsecond}, "Window"},
+		{"window without bound", signin.Options{Window: math.MaxInt64}, "Window"},
 		{"negative body", signin.Options{MaxBodyBytes: -1}, "MaxBodyBytes"},
 		{"negative timeout", signin.Options{Timeout: -time.Second}, "Timeout"},
 	} {

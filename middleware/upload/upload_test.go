@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -536,6 +537,7 @@ func TestBadOptions(t *testing.T) {
 		{"limit above MaxLimit", upload.Options{Key: userHeader, Limit: pglimit.MaxLimit + 1}, "Limit"},
 		{"negative window", upload.Options{Key: userHeader, Window: -time.Second}, "Window"},
 		{"tiny window", upload.Options{Key: userHeader, Window: time.Nanosecond}, "Window"},
+		{"window without bound", upload.Options{Key: userHeader, Window: math.MaxInt64}, "Window"},
 		{"negative timeout", upload.Options{Key: userHeader, Timeout: -time.Second}, "Timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
