@@ -631,10 +631,26 @@ func TestKeptSlotsOfKilledReplicaLapse(t *testing.T) {
 	if got := liveRows(t, alive, "id-of-killed-token"); got != limit {
 		t.Fatalf("kept rows %d, want %d", got, limit)
 	}
-	// Killed: the bus stops first (no give-back can be heard), then the pool.
+	// Killed: from here no statement of the dying replica reaches the
+	// database. Its pool closes first (Close refuses every later Acquire
+	// at once, then waits for the connections in use), then its bus
+	// stops: a sweep that sees the bus gone gives its idle slots back,
+	// and must find no connection to send it on. (With the bus stopped
+	// first, a loaded machine let that give-back land before the pool
+	// closed: the slots were free after 235 ms.)
+	closed := make(chan struct{})
+	go func() { defer close(closed); dying.Close() }()
+	for {
+		c, err := dying.Acquire(context.Background())
+		if err != nil {
+			break // closing
+		}
+		c.Release()
+		time.Sleep(time.Millisecond)
+	}
 	stopBus()
 	<-busDone
-	dying.Close()
+	<-closed
 	// Until the kept slots lapse the other replica is refused; the first
 	// answer may already be a 200 when the machine took the lease's whole
 	// time to get here (beside two CPU hogs it did): the bound below
