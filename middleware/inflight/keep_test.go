@@ -335,6 +335,14 @@ func (w *leaseLeft) shortest() time.Duration { return time.Duration(w.least.Load
 // claim in all, and every request ran on a row with at least the floor
 // left.
 func TestKeptSlotRenewedLate(t *testing.T) {
+	if testing.Short() {
+		// The race detector's run (make test: -race -short) beside two
+		// CPU hogs sent no request in the 200 ms the row was short (506
+		// requests in all): the scene it stages did not happen, and the
+		// test proved nothing. The plain run of the same make test
+		// stages it and passes.
+		t.Skip("a scene of 200 ms that the race detector's pace does not hit")
+	}
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool, st := tracedPool(t, url, 4)
